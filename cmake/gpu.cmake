@@ -1,0 +1,23 @@
+# Resolves SAMPLERD_GPU (auto|cuda|hip|off) into SAMPLERD_GPU_BACKEND (cuda|hip|off).
+# `auto` picks CUDA when nvcc is found, else HIP when hipcc is found, else off.
+set(_gpu "${SAMPLERD_GPU}")
+if(NOT _gpu MATCHES "^(auto|cuda|hip|off)$")
+  message(FATAL_ERROR "SAMPLERD_GPU: expected auto|cuda|hip|off, got '${_gpu}'")
+endif()
+if(_gpu STREQUAL "auto")
+  find_program(SAMPLERD_NVCC nvcc HINTS /usr/local/cuda/bin)
+  find_program(SAMPLERD_HIPCC hipcc)
+  if(SAMPLERD_NVCC)
+    set(_gpu cuda)
+  elseif(SAMPLERD_HIPCC)
+    set(_gpu hip)
+  else()
+    set(_gpu off)
+  endif()
+endif()
+if(NOT _gpu STREQUAL "off")
+  # The GPU kernels land with issue #3; until then every build uses the CPU backend.
+  message(WARNING "SAMPLERD_GPU=${_gpu}: GPU kernels are not part of this build yet; using off")
+  set(_gpu off)
+endif()
+set(SAMPLERD_GPU_BACKEND "${_gpu}")

@@ -1,0 +1,80 @@
+// Plain types shared by every sampler backend (CPU reference, HIP/CUDA kernels).
+//
+// This header is included from host and device code: no standard-library containers, no
+// gRPC, protobuf or Abseil. Semantics are those of shared/DESIGN.md ("Sampling semantics").
+#ifndef SAMPLERD_KERNELS_COMMON_SAMPLING_TYPES_H_
+#define SAMPLERD_KERNELS_COMMON_SAMPLING_TYPES_H_
+
+#include <cstdint>
+
+namespace samplerd::kernels {
+
+// Element type of a logits tensor. Values are computed in fp32 whatever the storage type.
+enum class DType : uint8_t { kFp32 = 0, kFp16 = 1, kBf16 = 2 };
+
+// Bytes per element of `dtype`.
+inline constexpr int64_t DTypeSize(DType dtype) { return dtype == DType::kFp32 ? 4 : 2; }
+
+// Which mass the top-p threshold is compared with (DESIGN.md step 5).
+enum class TopPMode : uint8_t {
+  kTopKFirst = 0,  // over the survivors of min-p and top-k, renormalised (vLLM)
+  kJoint = 1,      // against the full row's un-renormalised mass (aiter, SGLang, FlashInfer)
+};
+
+// Which distribution logprobs come from.
+enum class LogprobSource : uint8_t {
+  kRaw = 0,        // log_softmax(x) of the raw logits
+  kProcessed = 1,  // after temperature and filters, renormalised; point mass for greedy rows
+};
+
+// Outcome of one row.
+enum class RowStatus : uint8_t {
+  kOk = 0,
+  kNan = 1,       // the row holds a NaN; token -1
+  kNoFinite = 2,  // every logit is -inf; token -1
+};
+
+// Temperatures below this (and >= 0) mean greedy sampling.
+inline constexpr float kGreedyTemperature = 1e-5f;
+
+// Parameters of one row, already validated and with defaults applied.
+struct RowParams {
+  float temperature = 1.0f;  // >= 0; < kGreedyTemperature means greedy
+  int32_t top_k = 0;         // <= 0 or >= V disables
+  float top_p = 1.0f;        // (0, 1]; 1 disables
+  float min_p = 0.0f;        // [0, 1]; 0 disables
+  TopPMode top_p_mode = TopPMode::kTopKFirst;
+  uint64_t seed = 0;      // Philox key
+  uint64_t position = 0;  // Philox counter (high half); the token index is the low half
+};
+
+// One batch to sample: inputs and output buffers, all in the backend's memory space.
+//
+// Shapes: logits [batch, row_stride] (only the first `vocab` elements of each row are read),
+// params [params_count] with params_count == 1 (broadcast) or == batch.
+// Outputs: token_ids [batch], status [batch]; when top_logprobs >= 0 also sampled_logprob
+// [batch], sampled_rank [batch], top_ids [batch, top_logprobs], top_values [batch, top_logprobs].
+struct SampleArgs {
+  const void* logits = nullptr;
+  DType dtype = DType::kFp32;
+  int64_t batch = 0;
+  int64_t vocab = 0;
+  int64_t row_stride = 0;  // elements; >= vocab
+  const RowParams* params = nullptr;
+  int64_t params_count = 0;
+
+  // Logprobs: -1 = none; N >= 0 = the sampled token's logprob and rank plus the top N.
+  int32_t top_logprobs = -1;
+  LogprobSource logprob_source = LogprobSource::kRaw;
+
+  int32_t* token_ids = nullptr;
+  RowStatus* status = nullptr;
+  float* sampled_logprob = nullptr;
+  int64_t* sampled_rank = nullptr;
+  int32_t* top_ids = nullptr;
+  float* top_values = nullptr;
+};
+
+}  // namespace samplerd::kernels
+
+#endif  // SAMPLERD_KERNELS_COMMON_SAMPLING_TYPES_H_
