@@ -1,0 +1,67 @@
+#include "service/core/cpu_backend.h"
+
+#include <vector>
+
+#include "kernels/cpu/cpu_sampler.h"
+
+namespace samplerd::core {
+
+CpuSampler::CpuSampler(int threads) : pool_(threads) {
+  device_.ordinal = 0;
+  device_.uuid = "cpu";
+  device_.name = "CPU";
+}
+
+absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const void* host_logits,
+                                SampleResult* result) {
+  const int64_t b = batch.batch;
+  const int32_t n = batch.top_logprobs;
+  result->token_ids.assign(b, -1);
+  result->row_status.assign(b, kernels::RowStatus::kOk);
+  std::vector<float> sampled_logprob;
+  std::vector<int64_t> sampled_rank;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_values;
+
+  kernels::SampleArgs args;
+  args.logits = host_logits;
+  args.dtype = batch.dtype;
+  args.batch = b;
+  args.vocab = batch.vocab;
+  args.row_stride = batch.row_stride;
+  args.params = batch.params.data();
+  args.params_count = static_cast<int64_t>(batch.params.size());
+  args.top_logprobs = n;
+  args.logprob_source = batch.logprob_source;
+  args.token_ids = result->token_ids.data();
+  args.status = result->row_status.data();
+  if (n >= 0) {
+    sampled_logprob.resize(b);
+    sampled_rank.resize(b);
+    top_ids.resize(b * n);
+    top_values.resize(b * n);
+    args.sampled_logprob = sampled_logprob.data();
+    args.sampled_rank = sampled_rank.data();
+    args.top_ids = top_ids.data();
+    args.top_values = top_values.data();
+  }
+
+  // One row costs O(V log V); a row per chunk keeps the cores busy even at B = 2.
+  pool_.ParallelFor(b, 1, [&args](int64_t begin, int64_t end) {
+    kernels::CpuSampleRows(args, begin, end);
+  });
+
+  if (n >= 0) {
+    result->logprobs.resize(b);
+    for (int64_t r = 0; r < b; ++r) {
+      RowLogprobs& lp = result->logprobs[r];
+      lp.sampled_logprob = sampled_logprob[r];
+      lp.sampled_rank = sampled_rank[r];
+      lp.top_ids.assign(top_ids.begin() + r * n, top_ids.begin() + (r + 1) * n);
+      lp.top_values.assign(top_values.begin() + r * n, top_values.begin() + (r + 1) * n);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace samplerd::core

@@ -1,0 +1,29 @@
+// The CPU backend: the reference sampler (kernels/cpu) spread over a thread pool.
+#ifndef SAMPLERD_SERVICE_CORE_CPU_BACKEND_H_
+#define SAMPLERD_SERVICE_CORE_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "service/core/sampler.h"
+#include "service/core/thread_pool.h"
+
+namespace samplerd::core {
+
+class CpuSampler final : public Sampler {
+ public:
+  // `threads` host threads (>= 1) share the rows of each batch.
+  explicit CpuSampler(int threads);
+
+  absl::Status Sample(const ValidatedBatch& batch, const void* host_logits,
+                      SampleResult* result) override;
+  BackendKind kind() const override { return BackendKind::kCpu; }
+  const DeviceInfo& device() const override { return device_; }
+
+ private:
+  ThreadPool pool_;
+  DeviceInfo device_;
+};
+
+}  // namespace samplerd::core
+
+#endif  // SAMPLERD_SERVICE_CORE_CPU_BACKEND_H_

@@ -1,0 +1,31 @@
+// Options and limits of the core, with their defaults.
+#ifndef SAMPLERD_SERVICE_CORE_OPTIONS_H_
+#define SAMPLERD_SERVICE_CORE_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace samplerd::core {
+
+// The largest requests the server accepts.
+struct Limits {
+  int64_t max_batch = 4096;                 // rows per request
+  int64_t max_vocab = 1 << 22;              // 4,194,304 columns
+  int64_t max_message_bytes = 256 << 20;    // 256 MiB per gRPC message
+  int32_t max_top_logprobs = 64;            // LogprobOptions.top_n
+  int64_t max_request_id_bytes = 256;
+  int64_t max_stream_step_bytes = int64_t{1} << 30;  // a chunked SampleStream step, reassembled
+};
+
+enum class BackendChoice { kAuto, kCpu, kGpu };
+
+struct CoreOptions {
+  BackendChoice backend = BackendChoice::kAuto;
+  // Host threads the CPU backend spreads rows over; 0 = one per core.
+  int threads = 0;
+  Limits limits;
+};
+
+}  // namespace samplerd::core
+
+#endif  // SAMPLERD_SERVICE_CORE_OPTIONS_H_

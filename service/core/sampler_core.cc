@@ -1,0 +1,114 @@
+#include "service/core/sampler_core.h"
+
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "service/core/cpu_backend.h"
+#include "service/core/validation.h"
+
+namespace samplerd::core {
+
+const char kVersion[] = "0.1.0";
+
+namespace {
+
+int ResolveThreads(int threads) {
+  if (threads > 0) return threads;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+uint64_t RandomSeedStart() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SamplerCore>> SamplerCore::Create(const CoreOptions& options) {
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected threads >= 0 (0 = one per core), got ", options.threads));
+  }
+  // This build has no GPU backend yet (issue #3): kAuto falls back to the CPU.
+  if (options.backend == BackendChoice::kGpu) {
+    return absl::FailedPreconditionError(
+        "expected a usable GPU for --backend=gpu, got a build without a GPU backend; use "
+        "--backend=auto or --backend=cpu");
+  }
+  auto sampler = std::make_unique<CpuSampler>(ResolveThreads(options.threads));
+  return std::make_unique<SamplerCore>(options, std::move(sampler), RandomSeedStart());
+}
+
+SamplerCore::SamplerCore(const CoreOptions& options, std::unique_ptr<Sampler> sampler,
+                         uint64_t seed_start)
+    : options_(options),
+      sampler_(std::move(sampler)),
+      seeds_(seed_start),
+      executor_(std::make_unique<Executor>()) {}
+
+SamplerCore::~SamplerCore() { executor_.reset(); }
+
+absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
+  if (draining_.load(std::memory_order_acquire)) {
+    return absl::UnavailableError("samplerd is shutting down; retry on another instance");
+  }
+  absl::StatusOr<ValidatedBatch> batch =
+      ValidateSampleRequest(request, options_.limits, [this] { return seeds_.Next(); });
+  if (!batch.ok()) return batch.status();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++in_flight_;
+  }
+  executor_->Submit([this, request = std::move(request), batch = *std::move(batch),
+                     done = std::move(done)]() mutable {
+    const absl::Time start = absl::Now();
+    if (request.is_cancelled && request.is_cancelled()) {
+      done(absl::CancelledError("the client cancelled the request or its deadline passed "
+                                "before sampling started"));
+      Finish();
+      return;
+    }
+    SampleResult result;
+    result.request_id = request.request_id;
+    result.seeds = std::move(batch.seeds);
+    absl::Status status = sampler_->Sample(batch, request.inline_data.data(), &result);
+    const absl::Time end = absl::Now();
+    result.timings.queue = start - request.arrival;
+    result.timings.compute = end - start;
+    result.timings.total = end - request.arrival;
+    if (status.ok()) {
+      done(std::move(result));
+    } else {
+      done(status);
+    }
+    Finish();
+  });
+  return absl::OkStatus();
+}
+
+void SamplerCore::Finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--in_flight_ == 0) idle_cv_.notify_all();
+}
+
+bool SamplerCore::Drain(absl::Time deadline) {
+  draining_.store(true, std::memory_order_release);
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(
+                                     std::max(deadline - absl::Now(), absl::ZeroDuration())),
+                           [this] { return in_flight_ == 0; });
+}
+
+ServerInfo SamplerCore::Info() const {
+  ServerInfo info;
+  info.version = kVersion;
+  info.backend = sampler_->kind();
+  info.devices.push_back(sampler_->device());
+  info.limits = options_.limits;
+  return info;
+}
+
+}  // namespace samplerd::core

@@ -1,0 +1,81 @@
+// SamplerCore: the core's API for transports. It validates requests, queues them on the
+// device's executor, runs the backend and reports results through callbacks.
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef SAMPLERD_SERVICE_CORE_SAMPLER_CORE_H_
+#define SAMPLERD_SERVICE_CORE_SAMPLER_CORE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "service/core/executor.h"
+#include "service/core/options.h"
+#include "service/core/request.h"
+#include "service/core/sampler.h"
+#include "service/core/seed_source.h"
+
+namespace samplerd::core {
+
+// What GetServerInfo reports.
+struct ServerInfo {
+  std::string version;
+  BackendKind backend = BackendKind::kCpu;
+  std::vector<DeviceInfo> devices;
+  Limits limits;
+};
+
+class SamplerCore {
+ public:
+  using Callback = std::function<void(absl::StatusOr<SampleResult>)>;
+
+  // Brings up the backend `options.backend` asks for. kAuto picks the GPU when this build has
+  // a GPU backend and a device is present, else the CPU. Errors: FAILED_PRECONDITION when kGpu
+  // is asked for and no GPU can be used.
+  static absl::StatusOr<std::unique_ptr<SamplerCore>> Create(const CoreOptions& options);
+
+  // For tests: a core over a given backend and seed sequence.
+  SamplerCore(const CoreOptions& options, std::unique_ptr<Sampler> sampler, uint64_t seed_start);
+  // Waits for queued requests to finish.
+  ~SamplerCore();
+
+  // Validates `request` and queues it on the device's executor. Returns a non-OK status (and
+  // drops `done` uncalled) when the request is rejected up front: INVALID_ARGUMENT or
+  // RESOURCE_EXHAUSTED when it is malformed or over the limits, UNAVAILABLE while draining.
+  // Otherwise `done` runs exactly once, later, on the executor thread. The request's inline
+  // data must stay alive until `done` runs. Never blocks on sampling.
+  absl::Status SampleAsync(SampleRequest request, Callback done);
+
+  // Stops accepting requests (later ones get UNAVAILABLE) and waits until those in flight have
+  // finished or `deadline` passes. Returns true when nothing is left in flight.
+  bool Drain(absl::Time deadline);
+
+  ServerInfo Info() const;
+  const Limits& limits() const { return options_.limits; }
+
+ private:
+  void Finish();
+
+  const CoreOptions options_;
+  std::unique_ptr<Sampler> sampler_;
+  SeedSource seeds_;
+  std::atomic<bool> draining_{false};
+  std::mutex mu_;
+  std::condition_variable idle_cv_;
+  int64_t in_flight_ = 0;
+  // Declared last: destroyed first, so queued tasks finish while the members above live.
+  std::unique_ptr<Executor> executor_;
+};
+
+// The samplerd version string.
+extern const char kVersion[];
+
+}  // namespace samplerd::core
+
+#endif  // SAMPLERD_SERVICE_CORE_SAMPLER_CORE_H_

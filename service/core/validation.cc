@@ -1,0 +1,169 @@
+#include "service/core/validation.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "service/core/status_macros.h"
+
+namespace samplerd::core {
+namespace {
+
+absl::Status Invalid(absl::string_view what, absl::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat("expected ", what, ", got ", got));
+}
+
+std::string FloatText(float v) {
+  if (std::isnan(v)) return "NaN";
+  return absl::StrCat(v);
+}
+
+// Checks one parameter set; `where` names it in messages ("params[3]").
+absl::Status ValidateParams(const ParamsSpec& p, const std::string& where) {
+  if (p.temperature.has_value()) {
+    const float t = *p.temperature;
+    if (!(t >= 0.0f) || std::isinf(t)) {
+      return Invalid(absl::StrCat(where, ".temperature finite and >= 0"), FloatText(t));
+    }
+  }
+  if (p.top_k < -1) {
+    return Invalid(absl::StrCat(where, ".top_k >= -1 (0 or -1 disables)"), absl::StrCat(p.top_k));
+  }
+  if (p.top_p.has_value()) {
+    const float tp = *p.top_p;
+    if (!(tp > 0.0f && tp <= 1.0f)) {
+      return Invalid(absl::StrCat(where, ".top_p in (0, 1]"), FloatText(tp));
+    }
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return Invalid(absl::StrCat(where, ".min_p in [0, 1]"), FloatText(p.min_p));
+  }
+  return absl::OkStatus();
+}
+
+kernels::RowParams ApplyDefaults(const ParamsSpec& p, uint64_t seed) {
+  kernels::RowParams row;
+  row.temperature = p.temperature.value_or(1.0f);
+  row.top_k = p.top_k;
+  row.top_p = p.top_p.value_or(1.0f);
+  row.min_p = p.min_p;
+  row.top_p_mode = p.top_p_mode;
+  row.seed = seed;
+  row.position = p.position;
+  return row;
+}
+
+absl::Status ValidateShape(const SampleRequest& request, const Limits& limits) {
+  if (request.shape.size() != 2) {
+    return Invalid("logits.shape [B, V] (2 dimensions)",
+                   absl::StrCat("[", absl::StrJoin(request.shape, ", "), "] (",
+                                request.shape.size(), " dimensions)"));
+  }
+  const int64_t batch = request.shape[0];
+  const int64_t vocab = request.shape[1];
+  if (batch < 1) return Invalid("batch size B >= 1", absl::StrCat(batch));
+  if (vocab < 1) return Invalid("vocabulary size V >= 1", absl::StrCat(vocab));
+  if (batch > limits.max_batch) {
+    return absl::ResourceExhaustedError(absl::StrCat("expected batch size B <= ", limits.max_batch,
+                                                     " (server limit), got ", batch));
+  }
+  if (vocab > limits.max_vocab) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "expected vocabulary size V <= ", limits.max_vocab, " (server limit), got ", vocab));
+  }
+  if (request.row_stride != 0 && request.row_stride < vocab) {
+    return Invalid(absl::StrCat("logits.row_stride 0 or >= V = ", vocab),
+                   absl::StrCat(request.row_stride));
+  }
+  // Bound the stride so that byte counts cannot overflow int64 (V is already bounded).
+  if (request.row_stride > limits.max_vocab * 16) {
+    return Invalid(absl::StrCat("logits.row_stride <= ", limits.max_vocab * 16),
+                   absl::StrCat(request.row_stride));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t InlineBytes(kernels::DType dtype, int64_t batch, int64_t vocab, int64_t row_stride) {
+  const int64_t stride = row_stride == 0 ? vocab : row_stride;
+  return ((batch - 1) * stride + vocab) * kernels::DTypeSize(dtype);
+}
+
+absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& request,
+                                                     const Limits& limits,
+                                                     absl::FunctionRef<uint64_t()> next_seed) {
+  if (request.request_id.size() > static_cast<size_t>(limits.max_request_id_bytes)) {
+    return Invalid(absl::StrCat("request_id of at most ", limits.max_request_id_bytes, " bytes"),
+                   absl::StrCat(request.request_id.size(), " bytes"));
+  }
+  if (!request.dtype.has_value()) {
+    return Invalid("logits.dtype DTYPE_FP32, DTYPE_FP16 or DTYPE_BF16", "DTYPE_UNSPECIFIED");
+  }
+  RETURN_IF_ERROR(ValidateShape(request, limits));
+
+  ValidatedBatch out;
+  out.dtype = *request.dtype;
+  out.batch = request.shape[0];
+  out.vocab = request.shape[1];
+  out.row_stride = request.row_stride == 0 ? out.vocab : request.row_stride;
+
+  if (!request.has_inline_data) {
+    return Invalid("logits.inline_data (regions are not supported by this server yet)",
+                   "no logits data");
+  }
+  const int64_t want = InlineBytes(out.dtype, out.batch, out.vocab, out.row_stride);
+  const int64_t got = static_cast<int64_t>(request.inline_data.size());
+  if (got != want) {
+    return Invalid(absl::StrCat(want, " bytes of logits.inline_data for shape [", out.batch, ", ",
+                                out.vocab, "]",
+                                out.row_stride != out.vocab
+                                    ? absl::StrCat(" with row_stride ", out.row_stride)
+                                    : std::string(),
+                                " and ", kernels::DTypeSize(out.dtype), "-byte elements"),
+                   absl::StrCat(got, " bytes"));
+  }
+
+  const size_t n_params = request.params.size();
+  if (n_params != 0 && n_params != 1 && n_params != static_cast<size_t>(out.batch)) {
+    return Invalid(absl::StrCat("params with 1 entry (all rows) or B = ", out.batch, " entries"),
+                   absl::StrCat(n_params, " entries"));
+  }
+  for (size_t i = 0; i < n_params; ++i) {
+    RETURN_IF_ERROR(ValidateParams(request.params[i], absl::StrCat("params[", i, "]")));
+  }
+
+  if (request.logprobs.has_value()) {
+    const int64_t top_n = request.logprobs->top_n;
+    if (top_n < 0 || top_n > limits.max_top_logprobs) {
+      return Invalid(absl::StrCat("logprobs.top_n in [0, ", limits.max_top_logprobs, "]"),
+                     absl::StrCat(top_n));
+    }
+    out.top_logprobs = static_cast<int32_t>(top_n);
+    out.logprob_source = request.logprobs->source;
+  }
+
+  // Parameters: broadcast stays broadcast only when the seed is shared explicitly; otherwise
+  // every row gets its own server seed so that identical rows draw independently.
+  const ParamsSpec kDefaults;
+  const bool broadcast = n_params <= 1;
+  const ParamsSpec& first = n_params == 0 ? kDefaults : request.params[0];
+  out.seeds.resize(out.batch);
+  if (broadcast && first.seed.has_value()) {
+    out.params.push_back(ApplyDefaults(first, *first.seed));
+    for (auto& s : out.seeds) s = *first.seed;
+  } else {
+    out.params.reserve(out.batch);
+    for (int64_t r = 0; r < out.batch; ++r) {
+      const ParamsSpec& p = broadcast ? first : request.params[r];
+      const uint64_t seed = p.seed.has_value() ? *p.seed : next_seed();
+      out.params.push_back(ApplyDefaults(p, seed));
+      out.seeds[r] = seed;
+    }
+  }
+  return out;
+}
+
+}  // namespace samplerd::core

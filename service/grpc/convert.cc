@@ -1,0 +1,139 @@
+#include "service/grpc/convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace samplerd::grpc_transport {
+namespace {
+
+absl::Status UnknownEnum(absl::string_view field, int value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected a known ", field, " value, got ", value));
+}
+
+absl::Status ConvertParams(const v1::SamplingParams& in, core::ParamsSpec* out) {
+  if (in.has_temperature()) out->temperature = in.temperature();
+  out->top_k = in.top_k();
+  if (in.has_top_p()) out->top_p = in.top_p();
+  out->min_p = in.min_p();
+  switch (in.top_p_mode()) {
+    case v1::TOP_P_MODE_UNSPECIFIED:
+    case v1::TOP_P_MODE_TOP_K_FIRST:
+      out->top_p_mode = kernels::TopPMode::kTopKFirst;
+      break;
+    case v1::TOP_P_MODE_JOINT:
+      out->top_p_mode = kernels::TopPMode::kJoint;
+      break;
+    default:
+      return UnknownEnum("params.top_p_mode", in.top_p_mode());
+  }
+  if (in.has_seed()) out->seed = in.seed();
+  out->position = in.position();
+  return absl::OkStatus();
+}
+
+v1::RowStatus ToProto(kernels::RowStatus status) {
+  switch (status) {
+    case kernels::RowStatus::kOk:
+      return v1::ROW_STATUS_OK;
+    case kernels::RowStatus::kNan:
+      return v1::ROW_STATUS_INVALID_NAN;
+    case kernels::RowStatus::kNoFinite:
+      return v1::ROW_STATUS_INVALID_NO_FINITE;
+  }
+  return v1::ROW_STATUS_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out) {
+  out->request_id = in.request_id();
+  const v1::Tensor& logits = in.logits();
+  switch (logits.dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+      out->dtype.reset();
+      break;
+    case v1::DTYPE_FP32:
+      out->dtype = kernels::DType::kFp32;
+      break;
+    case v1::DTYPE_FP16:
+      out->dtype = kernels::DType::kFp16;
+      break;
+    case v1::DTYPE_BF16:
+      out->dtype = kernels::DType::kBf16;
+      break;
+    default:
+      return UnknownEnum("logits.dtype", logits.dtype());
+  }
+  out->shape.assign(logits.shape().begin(), logits.shape().end());
+  out->row_stride = logits.row_stride();
+  if (logits.data_case() == v1::Tensor::kRegion) {
+    return absl::UnimplementedError(
+        "expected logits.inline_data, got logits.region: regions are not supported by this "
+        "server version yet");
+  }
+  out->has_inline_data = logits.data_case() == v1::Tensor::kInlineData;
+  out->inline_data = logits.inline_data();
+  out->params.resize(in.params_size());
+  for (int i = 0; i < in.params_size(); ++i) {
+    absl::Status status = ConvertParams(in.params(i), &out->params[i]);
+    if (!status.ok()) return status;
+  }
+  out->device = in.device();
+  if (in.has_logprobs()) {
+    core::LogprobSpec spec;
+    spec.top_n = in.logprobs().top_n();
+    switch (in.logprobs().source()) {
+      case v1::LOGPROB_SOURCE_UNSPECIFIED:
+      case v1::LOGPROB_SOURCE_RAW:
+        spec.source = kernels::LogprobSource::kRaw;
+        break;
+      case v1::LOGPROB_SOURCE_PROCESSED:
+        spec.source = kernels::LogprobSource::kProcessed;
+        break;
+      default:
+        return UnknownEnum("logprobs.source", in.logprobs().source());
+    }
+    out->logprobs = spec;
+  }
+  return absl::OkStatus();
+}
+
+void ToProto(const core::SampleResult& in, v1::SampleResponse* out) {
+  out->set_request_id(in.request_id);
+  out->mutable_token_ids()->Assign(in.token_ids.begin(), in.token_ids.end());
+  out->mutable_row_status()->Reserve(static_cast<int>(in.row_status.size()));
+  for (kernels::RowStatus s : in.row_status) out->add_row_status(ToProto(s));
+  out->mutable_seeds()->Assign(in.seeds.begin(), in.seeds.end());
+  for (const core::RowLogprobs& row : in.logprobs) {
+    v1::RowLogprobs* lp = out->add_logprobs();
+    lp->set_sampled_logprob(row.sampled_logprob);
+    lp->set_sampled_rank(row.sampled_rank);
+    lp->mutable_top_token_ids()->Assign(row.top_ids.begin(), row.top_ids.end());
+    lp->mutable_top_logprobs()->Assign(row.top_values.begin(), row.top_values.end());
+  }
+  v1::Timings* t = out->mutable_timings();
+  t->set_queue_ns(absl::ToInt64Nanoseconds(in.timings.queue));
+  t->set_compute_ns(absl::ToInt64Nanoseconds(in.timings.compute));
+  t->set_total_ns(absl::ToInt64Nanoseconds(in.timings.total));
+}
+
+void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out) {
+  out->set_version(in.version);
+  out->set_backend(in.backend == core::BackendKind::kGpu ? v1::BACKEND_GPU : v1::BACKEND_CPU);
+  for (const core::DeviceInfo& d : in.devices) {
+    v1::Device* dev = out->add_devices();
+    dev->set_ordinal(d.ordinal);
+    dev->set_pci_bus_id(d.pci_bus_id);
+    dev->set_uuid(d.uuid);
+    dev->set_name(d.name);
+    dev->set_ipc_memory(d.ipc_memory);
+    dev->set_ipc_events(d.ipc_events);
+  }
+  v1::Limits* limits = out->mutable_limits();
+  limits->set_max_batch(in.limits.max_batch);
+  limits->set_max_vocab(in.limits.max_vocab);
+  limits->set_max_message_bytes(in.limits.max_message_bytes);
+  limits->set_max_top_logprobs(in.limits.max_top_logprobs);
+}
+
+}  // namespace samplerd::grpc_transport

@@ -1,0 +1,24 @@
+// Conversions between the wire types (samplerd.v1) and the core's request model.
+#ifndef SAMPLERD_SERVICE_GRPC_CONVERT_H_
+#define SAMPLERD_SERVICE_GRPC_CONVERT_H_
+
+#include "absl/status/status.h"
+#include "samplerd/v1/sampler.pb.h"
+#include "service/core/request.h"
+#include "service/core/sampler_core.h"
+
+namespace samplerd::grpc_transport {
+
+// Fills `out` from `in`. out->inline_data views in.logits().inline_data(): `in` must outlive
+// `out`. Errors: INVALID_ARGUMENT for enum values this server does not know.
+absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out);
+
+// Fills `out` from a successful result.
+void ToProto(const core::SampleResult& in, v1::SampleResponse* out);
+
+// Fills `out` from the server's description.
+void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out);
+
+}  // namespace samplerd::grpc_transport
+
+#endif  // SAMPLERD_SERVICE_GRPC_CONVERT_H_

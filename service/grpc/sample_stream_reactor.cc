@@ -1,0 +1,161 @@
+#include "service/grpc/sample_stream_reactor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "service/grpc/convert.h"
+
+namespace samplerd::grpc_transport {
+
+SampleStreamReactor::SampleStreamReactor(core::SamplerCore* core,
+                                         grpc::CallbackServerContext* context)
+    : core_(core), context_(context) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ProgressLocked();
+}
+
+void SampleStreamReactor::OnReadDone(bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reading_ = false;
+  if (!ok) {
+    reads_done_ = true;
+    if (assembling_ != nullptr) {
+      FailLocked(assembling_, absl::InvalidArgumentError(
+                                  "expected the step's remaining chunks, got the end of the "
+                                  "stream"));
+      assembling_ = nullptr;
+    }
+  } else {
+    HandleMessageLocked();
+  }
+  ProgressLocked();
+}
+
+void SampleStreamReactor::HandleMessageLocked() {
+  if (assembling_ == nullptr) {
+    auto step = std::make_unique<Step>();
+    Step* raw = step.get();
+    steps_.push_back(std::move(step));
+    if (!read_.has_request()) {
+      FailLocked(raw, absl::InvalidArgumentError(
+                          "expected a message with `request` to start a step, got a chunk "
+                          "with no step in progress"));
+      return;
+    }
+    raw->message = std::move(read_);
+    raw->response.mutable_response()->set_request_id(raw->message.request().request_id());
+    if (!raw->message.chunk().empty()) {
+      raw->error = absl::InvalidArgumentError(
+          "expected the first message of a step to carry its bytes in "
+          "request.logits.inline_data, got a non-empty `chunk`");
+    }
+    if (raw->message.more_chunks()) {
+      if (raw->message.request().logits().data_case() == v1::Tensor::kRegion) {
+        raw->error = absl::InvalidArgumentError(
+            "expected inline logits for a chunked step, got logits.region");
+      }
+      assembling_ = raw;
+      return;
+    }
+    SubmitLocked(raw);
+    return;
+  }
+
+  Step* step = assembling_;
+  if (read_.has_request()) {
+    step->error = absl::InvalidArgumentError(
+        "expected a chunk continuing the step in progress, got a new `request`");
+  } else if (step->error.ok()) {
+    std::string* data = step->message.mutable_request()->mutable_logits()->mutable_inline_data();
+    const int64_t limit = core_->limits().max_stream_step_bytes;
+    if (static_cast<int64_t>(data->size() + read_.chunk().size()) > limit) {
+      step->error = absl::ResourceExhaustedError(absl::StrCat(
+          "expected a chunked step of at most ", limit, " bytes, got more"));
+      data->clear();
+    } else {
+      data->append(read_.chunk());
+    }
+  }
+  if (!read_.more_chunks()) {
+    assembling_ = nullptr;
+    SubmitLocked(step);
+  }
+}
+
+void SampleStreamReactor::SubmitLocked(Step* step) {
+  if (!step->error.ok()) {
+    FailLocked(step, step->error);
+    return;
+  }
+  core::SampleRequest request;
+  absl::Status status = FromProto(step->message.request(), &request);
+  if (!status.ok()) {
+    FailLocked(step, status);
+    return;
+  }
+  request.is_cancelled = [this] { return context_->IsCancelled(); };
+  status = core_->SampleAsync(std::move(request),
+                              [this, step](absl::StatusOr<core::SampleResult> result) {
+                                std::lock_guard<std::mutex> lock(mu_);
+                                --computing_;
+                                if (result.ok()) {
+                                  ToProto(*result, step->response.mutable_response());
+                                  step->response.mutable_status()->set_code(0);
+                                  step->ready = true;
+                                } else {
+                                  FailLocked(step, result.status());
+                                }
+                                ProgressLocked();
+                              });
+  if (status.ok()) {
+    ++computing_;  // the callback cannot run before this: it needs mu_, which we hold
+  } else {
+    FailLocked(step, status);
+  }
+}
+
+void SampleStreamReactor::FailLocked(Step* step, const absl::Status& status) {
+  const std::string request_id = step->response.response().request_id();
+  step->response.Clear();
+  step->response.mutable_response()->set_request_id(request_id);
+  step->response.mutable_status()->set_code(static_cast<int>(status.code()));
+  step->response.mutable_status()->set_message(std::string(status.message()));
+  step->ready = true;
+  step->message.Clear();  // release the logits early
+}
+
+void SampleStreamReactor::ProgressLocked() {
+  if (finished_) return;
+  if (broken_) {
+    // The client is gone: answered steps are dropped; wait for the core to let go of ours.
+    while (!steps_.empty() && steps_.front()->ready) steps_.pop_front();
+  }
+  if (!broken_ && !writing_ && !steps_.empty() && steps_.front()->ready) {
+    writing_ = true;
+    StartWrite(&steps_.front()->response);
+  }
+  if (!reading_ && !reads_done_ && !broken_ && steps_.size() < kMaxStepsInFlight) {
+    reading_ = true;
+    read_.Clear();
+    StartRead(&read_);
+  }
+  // A broken stream finishes once nothing of ours is pending; a healthy one once the client
+  // has half-closed and every step is answered.
+  const bool done = broken_ ? (computing_ == 0 && !reading_ && !writing_)
+                            : (reads_done_ && !reading_ && !writing_ && steps_.empty());
+  if (done) {
+    finished_ = true;
+    Finish(broken_ ? grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed")
+                   : grpc::Status::OK);
+  }
+}
+
+void SampleStreamReactor::OnWriteDone(bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  writing_ = false;
+  steps_.pop_front();
+  if (!ok) broken_ = true;
+  ProgressLocked();
+}
+
+}  // namespace samplerd::grpc_transport

@@ -1,0 +1,42 @@
+// The gRPC SamplerService: thin reactors over SamplerCore. Reactors never block; sampling runs
+// on the core's device executor, which finishes the call.
+#ifndef SAMPLERD_SERVICE_GRPC_SAMPLER_SERVICE_H_
+#define SAMPLERD_SERVICE_GRPC_SAMPLER_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "samplerd/v1/sampler.grpc.pb.h"
+#include "service/core/sampler_core.h"
+
+namespace samplerd::grpc_transport {
+
+class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
+ public:
+  // `core` must outlive the service and every call on it.
+  explicit SamplerServiceImpl(core::SamplerCore* core) : core_(core) {}
+
+  grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
+                                   const v1::SampleRequest* request,
+                                   v1::SampleResponse* response) override;
+  grpc::ServerBidiReactor<v1::SampleStreamRequest, v1::SampleStreamResponse>* SampleStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
+                                           const v1::RegisterRegionRequest* request,
+                                           v1::RegisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
+                                             const v1::UnregisterRegionRequest* request,
+                                             v1::UnregisterRegionResponse* response) override;
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::GetServerInfoResponse* response) override;
+
+ private:
+  core::SamplerCore* core_;
+};
+
+}  // namespace samplerd::grpc_transport
+
+#endif  // SAMPLERD_SERVICE_GRPC_SAMPLER_SERVICE_H_

@@ -1,0 +1,111 @@
+#include "service/grpc/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.pb.h"
+
+namespace samplerd::grpc_transport {
+namespace {
+
+constexpr char kUnixPrefix[] = "unix://";
+
+// Creates the directory of a unix:// socket path (one level, mode 0750) when missing.
+absl::Status PrepareUnixSocket(const std::string& address) {
+  std::string path = address.substr(sizeof(kUnixPrefix) - 1);
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected an absolute unix socket address such as unix:///run/samplerd/samplerd.sock, got '",
+        address, "'"));
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = path.substr(0, slash);
+  if (dir.empty()) return absl::OkStatus();
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) return absl::OkStatus();
+  // Create parents one by one.
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos == dir.size() || dir[pos] == '/') {
+      const std::string prefix = dir.substr(0, pos);
+      if (mkdir(prefix.c_str(), 0750) != 0 && errno != EEXIST) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "expected to create the socket directory ", prefix, ", got: ", std::strerror(errno)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const ServerOptions& options,
+                                                                    core::SamplerCore* core) {
+  if (options.listen.empty()) {
+    return absl::InvalidArgumentError("expected at least one --listen address, got none");
+  }
+  // Keep the health descriptors in the binary so reflection clients can describe Health.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  std::unique_ptr<SamplerServer> server(new SamplerServer(core));
+  grpc::ServerBuilder builder;
+  std::vector<int> ports(options.listen.size(), 0);
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& address = options.listen[i];
+    if (address.empty()) {
+      return absl::InvalidArgumentError("expected a non-empty --listen address, got ''");
+    }
+    if (absl::StartsWith(address, kUnixPrefix)) {
+      absl::Status status = PrepareUnixSocket(address);
+      if (!status.ok()) return status;
+    }
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &ports[i]);
+  }
+  builder.RegisterService(&server->service_);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Keepalive: ping idle connections every 30 s, drop them after 10 s without an answer, and
+  // let engines ping as often as every 10 s (gRPC's default would answer GOAWAY below 5 min).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
+
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr) {
+    return absl::UnavailableError(
+        "expected to bind every --listen address, got a failure (address in use, bad syntax "
+        "or missing permission; gRPC's log above says which)");
+  }
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& address = options.listen[i];
+    if (absl::StartsWith(address, kUnixPrefix)) {
+      server->bound_.push_back(address);
+    } else {
+      const size_t colon = address.rfind(':');
+      server->bound_.push_back(absl::StrCat(address.substr(0, colon), ":", ports[i]));
+    }
+  }
+  server->SetServing(false);
+  return server;
+}
+
+void SamplerServer::SetServing(bool serving) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus(serving);  // every service, "" included
+  health->SetServingStatus(kServiceName, serving);
+}
+
+void SamplerServer::Shutdown(absl::Time deadline) {
+  server_->Shutdown(absl::ToChronoTime(deadline));
+  server_->Wait();
+}
+
+}  // namespace samplerd::grpc_transport

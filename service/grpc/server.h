@@ -1,0 +1,56 @@
+// Builds and runs the gRPC server: listeners, SamplerService, health, reflection, keepalive.
+#ifndef SAMPLERD_SERVICE_GRPC_SERVER_H_
+#define SAMPLERD_SERVICE_GRPC_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "service/core/sampler_core.h"
+#include "service/grpc/sampler_service.h"
+
+namespace samplerd::grpc_transport {
+
+struct ServerOptions {
+  // gRPC listen addresses: "unix:///run/samplerd/samplerd.sock", "127.0.0.1:50051", ... A unix
+  // socket's directory is created when missing. Port 0 picks a free port.
+  std::vector<std::string> listen = {"unix:///run/samplerd/samplerd.sock"};
+  // Largest message received or sent, bytes.
+  int max_message_bytes = 256 << 20;
+};
+
+// The service name health reports on, besides "".
+inline constexpr char kServiceName[] = "samplerd.v1.SamplerService";
+
+class SamplerServer {
+ public:
+  // Starts serving on every address of `options`; health starts NOT_SERVING (call
+  // SetServing). `core` must outlive the server. Errors: INVALID_ARGUMENT for a malformed
+  // address, UNAVAILABLE when an address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<SamplerServer>> Start(const ServerOptions& options,
+                                                              core::SamplerCore* core);
+
+  // Health for "" and kServiceName: SERVING or NOT_SERVING.
+  void SetServing(bool serving);
+
+  // The addresses actually bound (TCP port 0 resolved), in the order of options.listen.
+  const std::vector<std::string>& bound_addresses() const { return bound_; }
+
+  // Stops accepting calls and waits for those in flight until `deadline`, then cancels them.
+  void Shutdown(absl::Time deadline);
+
+ private:
+  SamplerServer(core::SamplerCore* core) : service_(core) {}
+
+  SamplerServiceImpl service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::string> bound_;
+};
+
+}  // namespace samplerd::grpc_transport
+
+#endif  // SAMPLERD_SERVICE_GRPC_SERVER_H_
