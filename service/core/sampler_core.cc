@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "service/core/cpu_backend.h"
 #include "service/core/validation.h"
 

@@ -1,0 +1,240 @@
+// Validation rules of service/core/validation.h: every malformed request is refused with the
+// right code and an "expected X, got Y" message; valid ones get their defaults and seeds.
+#include "service/core/validation.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace samplerd::core {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A valid fp32 [batch, vocab] request whose bytes live in `storage`.
+SampleRequest MakeRequest(int64_t batch, int64_t vocab, std::string* storage) {
+  storage->assign(batch * vocab * 4, '\0');
+  SampleRequest r;
+  r.dtype = kernels::DType::kFp32;
+  r.shape = {batch, vocab};
+  r.inline_data = *storage;
+  r.has_inline_data = true;
+  return r;
+}
+
+class ValidationTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<ValidatedBatch> Validate(const SampleRequest& r) {
+    return ValidateSampleRequest(r, limits_, [this] { return ++next_seed_; });
+  }
+  // Expects `r` to be refused with `code` and a message holding "expected" and `needle`.
+  void ExpectRefused(const SampleRequest& r, absl::StatusCode code, const std::string& needle) {
+    absl::StatusOr<ValidatedBatch> got = Validate(r);
+    ASSERT_FALSE(got.ok()) << "accepted a request that should fail on " << needle;
+    EXPECT_EQ(got.status().code(), code) << got.status();
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr("expected"));
+    EXPECT_THAT(std::string(got.status().message()), HasSubstr(needle));
+  }
+
+  Limits limits_;
+  uint64_t next_seed_ = 1000;
+  std::string bytes_;
+};
+
+TEST_F(ValidationTest, AcceptsAMinimalRequestWithDefaults) {
+  SampleRequest r = MakeRequest(2, 5, &bytes_);
+  absl::StatusOr<ValidatedBatch> got = Validate(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->batch, 2);
+  EXPECT_EQ(got->vocab, 5);
+  EXPECT_EQ(got->row_stride, 5);
+  EXPECT_EQ(got->top_logprobs, -1);
+  // No params: each row gets temperature 1, no filters, and its own server seed.
+  ASSERT_EQ(got->params.size(), 2u);
+  for (const kernels::RowParams& p : got->params) {
+    EXPECT_EQ(p.temperature, 1.0f);
+    EXPECT_EQ(p.top_k, 0);
+    EXPECT_EQ(p.top_p, 1.0f);
+    EXPECT_EQ(p.min_p, 0.0f);
+  }
+  EXPECT_EQ(got->seeds, (std::vector<uint64_t>{1001, 1002}));
+  EXPECT_EQ(got->params[0].seed, 1001u);
+  EXPECT_EQ(got->params[1].seed, 1002u);
+}
+
+TEST_F(ValidationTest, BroadcastWithSeedStaysBroadcast) {
+  SampleRequest r = MakeRequest(3, 4, &bytes_);
+  ParamsSpec p;
+  p.seed = 77;
+  p.temperature = 0.5f;
+  p.position = 9;
+  r.params = {p};
+  absl::StatusOr<ValidatedBatch> got = Validate(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->params.size(), 1u);
+  EXPECT_EQ(got->params[0].seed, 77u);
+  EXPECT_EQ(got->params[0].position, 9u);
+  EXPECT_EQ(got->params[0].temperature, 0.5f);
+  EXPECT_EQ(got->seeds, (std::vector<uint64_t>{77, 77, 77}));
+}
+
+TEST_F(ValidationTest, PerRowParamsKeepTheirOwnSeedsAndGetServerSeedsWhenUnset) {
+  SampleRequest r = MakeRequest(2, 4, &bytes_);
+  ParamsSpec a;
+  a.seed = 5;
+  ParamsSpec b;  // no seed
+  b.top_k = 3;
+  r.params = {a, b};
+  absl::StatusOr<ValidatedBatch> got = Validate(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->params.size(), 2u);
+  EXPECT_EQ(got->seeds, (std::vector<uint64_t>{5, 1001}));
+  EXPECT_EQ(got->params[1].top_k, 3);
+}
+
+TEST_F(ValidationTest, RefusesUnspecifiedDtype) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  r.dtype.reset();
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "DTYPE_UNSPECIFIED");
+}
+
+TEST_F(ValidationTest, RefusesShapesThatAreNotTwoDimensional) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  r.shape = {4};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "[B, V]");
+  r.shape = {1, 2, 2};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "got [1, 2, 2]");
+  r.shape = {};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "0 dimensions");
+}
+
+TEST_F(ValidationTest, RefusesEmptyBatchOrVocab) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  r.shape = {0, 4};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "B >= 1, got 0");
+  r.shape = {1, 0};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "V >= 1, got 0");
+  r.shape = {-3, 4};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "got -3");
+}
+
+TEST_F(ValidationTest, RefusesWrongByteCount) {
+  SampleRequest r = MakeRequest(2, 4, &bytes_);
+  r.inline_data = r.inline_data.substr(0, 31);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "expected 32 bytes");
+  std::string bf16(16, '\0');
+  r.inline_data = bf16;
+  r.dtype = kernels::DType::kBf16;
+  EXPECT_TRUE(Validate(r).ok());  // 2 * 4 * 2 bytes
+  r.dtype = kernels::DType::kFp32;
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "got 16 bytes");
+}
+
+TEST_F(ValidationTest, RefusesMissingData) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  r.has_inline_data = false;
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "inline_data");
+}
+
+TEST_F(ValidationTest, RowStrideSetsTheByteCount) {
+  std::string bytes((2 * 6 - 6 + 4) * 4, '\0');  // (B - 1) * stride + V elements
+  SampleRequest r = MakeRequest(2, 4, &bytes_);
+  r.row_stride = 6;
+  r.inline_data = bytes;
+  absl::StatusOr<ValidatedBatch> got = Validate(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->row_stride, 6);
+  r.row_stride = 3;  // < V
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "row_stride");
+}
+
+TEST_F(ValidationTest, RefusesParamListsNeitherOneNorB) {
+  SampleRequest r = MakeRequest(3, 4, &bytes_);
+  r.params.resize(2);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "got 2 entries");
+  r.params.resize(4);
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "B = 3");
+  r.params.resize(3);
+  EXPECT_TRUE(Validate(r).ok());
+}
+
+TEST_F(ValidationTest, RefusesOutOfRangeParameters) {
+  struct Case {
+    const char* name;
+    void (*set)(ParamsSpec*);
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"negative temperature", [](ParamsSpec* p) { p->temperature = -0.1f; }, "temperature"},
+      {"NaN temperature", [](ParamsSpec* p) { p->temperature = std::nanf(""); }, "got NaN"},
+      {"infinite temperature",
+       [](ParamsSpec* p) { p->temperature = std::numeric_limits<float>::infinity(); },
+       "temperature"},
+      {"top_p zero", [](ParamsSpec* p) { p->top_p = 0.0f; }, "top_p in (0, 1]"},
+      {"top_p negative", [](ParamsSpec* p) { p->top_p = -0.5f; }, "top_p"},
+      {"top_p above one", [](ParamsSpec* p) { p->top_p = 1.01f; }, "top_p"},
+      {"top_p NaN", [](ParamsSpec* p) { p->top_p = std::nanf(""); }, "top_p"},
+      {"top_k -2", [](ParamsSpec* p) { p->top_k = -2; }, "top_k >= -1"},
+      {"min_p negative", [](ParamsSpec* p) { p->min_p = -0.01f; }, "min_p in [0, 1]"},
+      {"min_p above one", [](ParamsSpec* p) { p->min_p = 1.5f; }, "min_p"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    SampleRequest r = MakeRequest(2, 4, &bytes_);
+    r.params.resize(2);
+    c.set(&r.params[1]);
+    ExpectRefused(r, absl::StatusCode::kInvalidArgument, c.needle);
+    ExpectRefused(r, absl::StatusCode::kInvalidArgument, "params[1]");
+  }
+}
+
+TEST_F(ValidationTest, AcceptsBoundaryParameters) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  ParamsSpec p;
+  p.temperature = 0.0f;
+  p.top_k = -1;
+  p.top_p = 1.0f;
+  p.min_p = 1.0f;
+  r.params = {p};
+  EXPECT_TRUE(Validate(r).ok());
+  r.params[0].min_p = 0.0f;
+  r.params[0].top_k = 1000;  // k >= V disables
+  r.params[0].top_p = 1e-9f;
+  EXPECT_TRUE(Validate(r).ok());
+}
+
+TEST_F(ValidationTest, RefusesTooManyTopLogprobs) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  r.logprobs = LogprobSpec{limits_.max_top_logprobs + 1, kernels::LogprobSource::kRaw};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "logprobs.top_n in [0, 64]");
+  r.logprobs->top_n = limits_.max_top_logprobs;
+  absl::StatusOr<ValidatedBatch> got = Validate(r);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->top_logprobs, limits_.max_top_logprobs);
+}
+
+TEST_F(ValidationTest, LimitsAreResourceExhausted) {
+  limits_.max_batch = 2;
+  limits_.max_vocab = 8;
+  SampleRequest r = MakeRequest(3, 4, &bytes_);
+  ExpectRefused(r, absl::StatusCode::kResourceExhausted, "B <= 2");
+  r = MakeRequest(1, 9, &bytes_);
+  ExpectRefused(r, absl::StatusCode::kResourceExhausted, "V <= 8");
+}
+
+TEST_F(ValidationTest, RefusesLongRequestIds) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  r.request_id.assign(limits_.max_request_id_bytes + 1, 'x');
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "request_id");
+}
+
+TEST(InlineBytes, CountsStridedRows) {
+  EXPECT_EQ(InlineBytes(kernels::DType::kFp32, 1, 10, 0), 40);
+  EXPECT_EQ(InlineBytes(kernels::DType::kFp16, 3, 10, 16), (2 * 16 + 10) * 2);
+}
+
+}  // namespace
+}  // namespace samplerd::core

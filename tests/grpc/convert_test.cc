@@ -1,0 +1,157 @@
+// Wire <-> core conversions: every field carried, defaults left unset, unknown enums refused.
+#include "service/grpc/convert.h"
+
+#include <gtest/gtest.h>
+
+namespace samplerd::grpc_transport {
+namespace {
+
+v1::SampleRequest WireRequest() {
+  v1::SampleRequest r;
+  r.set_request_id("step-7");
+  r.mutable_logits()->set_dtype(v1::DTYPE_BF16);
+  r.mutable_logits()->add_shape(2);
+  r.mutable_logits()->add_shape(3);
+  r.mutable_logits()->set_row_stride(4);
+  r.mutable_logits()->set_inline_data(std::string(14, 'x'));
+  r.set_device("0000:00:06.0");
+  return r;
+}
+
+TEST(FromProto, CarriesTensorAndViewsItsBytes) {
+  v1::SampleRequest wire = WireRequest();
+  core::SampleRequest out;
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  EXPECT_EQ(out.request_id, "step-7");
+  EXPECT_EQ(out.dtype, kernels::DType::kBf16);
+  EXPECT_EQ(out.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(out.row_stride, 4);
+  EXPECT_TRUE(out.has_inline_data);
+  EXPECT_EQ(out.inline_data.data(), wire.logits().inline_data().data());  // no copy
+  EXPECT_EQ(out.device, "0000:00:06.0");
+  EXPECT_FALSE(out.logprobs.has_value());
+}
+
+TEST(FromProto, LeavesUnsetOptionalParamsUnset) {
+  v1::SampleRequest wire = WireRequest();
+  wire.add_params()->set_top_k(5);
+  v1::SamplingParams* second = wire.add_params();
+  second->set_temperature(0.0f);
+  second->set_top_p(0.9f);
+  second->set_seed(0);
+  second->set_position(12);
+  second->set_top_p_mode(v1::TOP_P_MODE_JOINT);
+  second->set_min_p(0.1f);
+  core::SampleRequest out;
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  ASSERT_EQ(out.params.size(), 2u);
+  EXPECT_FALSE(out.params[0].temperature.has_value());
+  EXPECT_FALSE(out.params[0].top_p.has_value());
+  EXPECT_FALSE(out.params[0].seed.has_value());
+  EXPECT_EQ(out.params[0].top_k, 5);
+  EXPECT_EQ(out.params[0].top_p_mode, kernels::TopPMode::kTopKFirst);
+  ASSERT_TRUE(out.params[1].temperature.has_value());
+  EXPECT_EQ(*out.params[1].temperature, 0.0f);  // explicit 0 = greedy, not the default 1
+  EXPECT_EQ(*out.params[1].top_p, 0.9f);
+  ASSERT_TRUE(out.params[1].seed.has_value());
+  EXPECT_EQ(*out.params[1].seed, 0u);  // seed 0 is a seed, not "unset"
+  EXPECT_EQ(out.params[1].position, 12u);
+  EXPECT_EQ(out.params[1].top_p_mode, kernels::TopPMode::kJoint);
+  EXPECT_EQ(out.params[1].min_p, 0.1f);
+}
+
+TEST(FromProto, MapsLogprobOptions) {
+  v1::SampleRequest wire = WireRequest();
+  wire.mutable_logprobs()->set_top_n(3);
+  wire.mutable_logprobs()->set_source(v1::LOGPROB_SOURCE_PROCESSED);
+  core::SampleRequest out;
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  ASSERT_TRUE(out.logprobs.has_value());
+  EXPECT_EQ(out.logprobs->top_n, 3);
+  EXPECT_EQ(out.logprobs->source, kernels::LogprobSource::kProcessed);
+}
+
+TEST(FromProto, UnspecifiedDtypeIsLeftForValidation) {
+  v1::SampleRequest wire = WireRequest();
+  wire.mutable_logits()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  core::SampleRequest out;
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  EXPECT_FALSE(out.dtype.has_value());
+}
+
+TEST(FromProto, RefusesUnknownEnumValues) {
+  v1::SampleRequest wire = WireRequest();
+  wire.mutable_logits()->set_dtype(static_cast<v1::DType>(42));
+  core::SampleRequest out;
+  absl::Status status = FromProto(wire, &out);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("got 42"), absl::string_view::npos);
+
+  wire = WireRequest();
+  wire.add_params()->set_top_p_mode(static_cast<v1::TopPMode>(9));
+  EXPECT_EQ(FromProto(wire, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FromProto, RegionsAreUnimplementedForNow) {
+  v1::SampleRequest wire = WireRequest();
+  wire.mutable_logits()->mutable_region()->set_region("r");
+  core::SampleRequest out;
+  EXPECT_EQ(FromProto(wire, &out).code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(FromProto, MissingDataIsReported) {
+  v1::SampleRequest wire = WireRequest();
+  wire.mutable_logits()->clear_inline_data();
+  core::SampleRequest out;
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  EXPECT_FALSE(out.has_inline_data);
+}
+
+TEST(ToProto, CarriesEveryResultField) {
+  core::SampleResult result;
+  result.request_id = "r";
+  result.token_ids = {4, -1};
+  result.row_status = {kernels::RowStatus::kOk, kernels::RowStatus::kNan};
+  result.seeds = {1, 2};
+  result.logprobs.resize(2);
+  result.logprobs[0].sampled_logprob = -0.5f;
+  result.logprobs[0].sampled_rank = 2;
+  result.logprobs[0].top_ids = {3, 4};
+  result.logprobs[0].top_values = {-0.1f, -0.5f};
+  result.timings.queue = absl::Microseconds(3);
+  result.timings.compute = absl::Microseconds(5);
+  result.timings.total = absl::Microseconds(9);
+  v1::SampleResponse out;
+  ToProto(result, &out);
+  EXPECT_EQ(out.request_id(), "r");
+  ASSERT_EQ(out.token_ids_size(), 2);
+  EXPECT_EQ(out.token_ids(1), -1);
+  EXPECT_EQ(out.row_status(0), v1::ROW_STATUS_OK);
+  EXPECT_EQ(out.row_status(1), v1::ROW_STATUS_INVALID_NAN);
+  EXPECT_EQ(out.seeds(1), 2u);
+  ASSERT_EQ(out.logprobs_size(), 2);
+  EXPECT_EQ(out.logprobs(0).sampled_rank(), 2);
+  EXPECT_EQ(out.logprobs(0).top_token_ids(1), 4);
+  EXPECT_FLOAT_EQ(out.logprobs(0).top_logprobs(0), -0.1f);
+  EXPECT_EQ(out.timings().queue_ns(), 3000);
+  EXPECT_EQ(out.timings().compute_ns(), 5000);
+  EXPECT_EQ(out.timings().total_ns(), 9000);
+}
+
+TEST(ToProto, DescribesTheServer) {
+  core::ServerInfo info;
+  info.version = "9.9";
+  info.backend = core::BackendKind::kGpu;
+  info.devices.push_back({1, "0000:00:06.0", "GPU-x", "NVIDIA H200", true, true});
+  v1::GetServerInfoResponse out;
+  ToProto(info, &out);
+  EXPECT_EQ(out.version(), "9.9");
+  EXPECT_EQ(out.backend(), v1::BACKEND_GPU);
+  ASSERT_EQ(out.devices_size(), 1);
+  EXPECT_EQ(out.devices(0).pci_bus_id(), "0000:00:06.0");
+  EXPECT_TRUE(out.devices(0).ipc_events());
+  EXPECT_EQ(out.limits().max_top_logprobs(), core::Limits{}.max_top_logprobs);
+}
+
+}  // namespace
+}  // namespace samplerd::grpc_transport
