@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds samplerd (incrementally) and runs it in the foreground with the flags given:
+#
+#   deploy/local/run.sh [samplerd flags...]     e.g. --listen=unix:///tmp/s.sock --backend=cpu
+#
+# Installs missing dependencies first (deploy/local/install_deps.sh), prints where the server
+# listens and ready-to-paste `buf curl` calls, then execs build/default/service/samplerd.
+# Environment: SAMPLERD_PRESET=auto builds the best GPU backend into build/auto instead;
+# SAMPLERD_SKIP_DEPS=1 skips the dependency check.
+set -euo pipefail
+# shellcheck source=deploy/local/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# The server's default --listen (service/main.cc).
+readonly DEFAULT_LISTEN="unix:///run/samplerd/samplerd.sock"
+
+# Prints the value of the last --listen flag in "$@" (absl accepts --listen=X, --listen X and
+# the single-dash forms), or DEFAULT_LISTEN.
+listen_flag() {
+  local listen="${DEFAULT_LISTEN}"
+  while (($#)); do
+    case "$1" in
+      --listen=* | -listen=*) listen="${1#*=}" ;;
+      --listen | -listen) (($# > 1)) && { listen="$2"; shift; } ;;
+    esac
+    shift
+  done
+  printf '%s\n' "${listen}"
+}
+
+# Prints the `buf curl` connection flags and base URL for one gRPC listen address, tab-separated:
+# "unix:///abs/p" and "unix:p" -> --unix-socket; "host:port" -> http://host:port (a wildcard
+# host becomes localhost). Prints nothing for forms buf curl cannot reach (e.g. unix-abstract:).
+buf_target() {
+  local addr="$1" path
+  case "${addr}" in
+    unix://*) path="${addr#unix://}" ;;
+    unix:*) path="${addr#unix:}" ;;
+    unix-abstract:*) return 0 ;;
+    *)
+      local host="${addr%:*}" port="${addr##*:}"
+      case "${host}" in "" | 0.0.0.0 | "[::]" | "::") host=localhost ;; esac
+      printf -- '--protocol grpc --http2-prior-knowledge\thttp://%s:%s\n' "${host}" "${port}"
+      return 0
+      ;;
+  esac
+  [[ "${path}" == /* ]] || path="${PWD}/${path}"
+  printf -- '--protocol grpc --http2-prior-knowledge --unix-socket %s\thttp://localhost\n' "${path}"
+}
+
+print_usage_hints() {
+  # Hints use the first address buf curl can reach, preferring any over a TCP port 0.
+  local listen="$1" first_target="" addr target
+  IFS=, read -ra addrs <<<"${listen}"
+  for addr in "${addrs[@]}"; do
+    target="$(buf_target "${addr}")"
+    [[ -z "${target}" ]] && continue
+    [[ -z "${first_target}" || "${first_target}" == *:0 ]] && first_target="${target}"
+  done
+  printf '\nsamplerd %s\n  listening on: %s\n' "${SAMPLERD_BIN#"${SAMPLERD_ROOT}"/}" "${listen}"
+  [[ -z "${first_target}" ]] && { printf '\n'; return 0; }
+
+  local flags="${first_target%%$'\t'*}" base="${first_target#*$'\t'}"
+  [[ "${base}" == *:0 ]] &&
+    printf '  (port 0: the server logs the port it picked; use it in place of 0 below)\n'
+  local call="${SAMPLERD_BUF} curl ${flags}"
+  local svc="${base}/samplerd.v1.SamplerService"
+  # Four fp32 logits; greedy (temperature 0) picks the largest, index 2.
+  local b64
+  b64="$(samplerd::floats_base64 0.5 1.0 3.0 2.0)"
+  local request='{"logits": {"dtype": "DTYPE_FP32", "shape": [1, 4], "inlineData": "'"${b64}"'"},'
+  request+=' "params": [{"temperature": 0}]}'
+  cat <<HINTS
+
+Try it from another shell (grpcurl works the same way: the server has reflection):
+
+  # services, health, server info
+  ${call} --list-services ${base}
+  ${call} ${base}/grpc.health.v1.Health/Check
+  ${call} ${svc}/GetServerInfo
+
+  # sample one row of 4 fp32 logits [0.5, 1.0, 3.0, 2.0] greedily: inlineData is their
+  # little-endian bytes in base64 (${b64}); the answer has "tokenIds": [2]
+  ${call} ${svc}/Sample -d '${request}'
+
+HINTS
+}
+
+main() {
+  "${SAMPLERD_ROOT}/deploy/local/install_deps.sh"
+  samplerd::build samplerd
+  [[ -x "${SAMPLERD_BIN}" ]] || samplerd::die "no server binary at ${SAMPLERD_BIN}"
+
+  local arg
+  for arg in "$@"; do
+    # Help and version output should not be buried under hints.
+    case "${arg}" in --help* | -help* | --version | -version) exec "${SAMPLERD_BIN}" "$@" ;; esac
+  done
+  local listen
+  listen="$(listen_flag "$@")"
+  print_usage_hints "${listen}"
+  exec "${SAMPLERD_BIN}" "$@"
+}
+
+main "$@"

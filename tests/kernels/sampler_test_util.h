@@ -1,0 +1,218 @@
+// Test helpers for the CPU sampler: run rows through CpuSampleRows, and an independent reference
+// of the sampling semantics (shared/DESIGN.md) to compare against.
+//
+// The reference deliberately avoids the sampler's structure: no sorting, O(V^2) pairwise
+// counting for top-k and top-p, min-p in its softmax form (exp(z_j - mx) >= m) in double. Tests
+// keep their inputs away from float-rounding boundaries so that both formulations agree.
+#ifndef SAMPLERD_TESTS_KERNELS_SAMPLER_TEST_UTIL_H_
+#define SAMPLERD_TESTS_KERNELS_SAMPLER_TEST_UTIL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/common/philox.h"
+#include "kernels/common/sampling_types.h"
+#include "kernels/cpu/cpu_sampler.h"
+
+namespace samplerd::kernels::testing {
+
+inline constexpr float kInf = std::numeric_limits<float>::infinity();
+inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Outputs of one sampled row.
+struct RowResult {
+  int32_t token = -2;
+  RowStatus status = RowStatus::kOk;
+  float logprob = 0.0f;
+  int64_t rank = -1;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_values;
+};
+
+// Parameters with temperature `t` and everything else at its default (filters off).
+inline RowParams Params(float t, uint64_t seed = 0, uint64_t position = 0) {
+  RowParams p;
+  p.temperature = t;
+  p.seed = seed;
+  p.position = position;
+  return p;
+}
+
+// Samples a row-major fp32 batch (rows of equal length) with `params` broadcast (size 1) or per
+// row. top_logprobs >= 0 also collects logprobs.
+inline std::vector<RowResult> SampleBatch(const std::vector<std::vector<float>>& rows,
+                                          const std::vector<RowParams>& params,
+                                          int32_t top_logprobs = -1,
+                                          LogprobSource source = LogprobSource::kRaw) {
+  const int64_t batch = static_cast<int64_t>(rows.size());
+  const int64_t vocab = static_cast<int64_t>(rows[0].size());
+  std::vector<float> logits;
+  for (const auto& row : rows) logits.insert(logits.end(), row.begin(), row.end());
+  const int64_t n_top = top_logprobs > 0 ? top_logprobs : 0;
+  std::vector<int32_t> tokens(batch, -2);
+  std::vector<RowStatus> status(batch, static_cast<RowStatus>(99));
+  std::vector<float> logprob(batch, 99.0f);
+  std::vector<int64_t> rank(batch, -99);
+  std::vector<int32_t> top_ids(batch * n_top + 1, -99);
+  std::vector<float> top_values(batch * n_top + 1, 99.0f);
+
+  SampleArgs args;
+  args.logits = logits.data();
+  args.dtype = DType::kFp32;
+  args.batch = batch;
+  args.vocab = vocab;
+  args.row_stride = vocab;
+  args.params = params.data();
+  args.params_count = static_cast<int64_t>(params.size());
+  args.top_logprobs = top_logprobs;
+  args.logprob_source = source;
+  args.token_ids = tokens.data();
+  args.status = status.data();
+  args.sampled_logprob = logprob.data();
+  args.sampled_rank = rank.data();
+  args.top_ids = top_ids.data();
+  args.top_values = top_values.data();
+  CpuSampleRows(args, 0, batch);
+
+  std::vector<RowResult> results(batch);
+  for (int64_t r = 0; r < batch; ++r) {
+    results[r].token = tokens[r];
+    results[r].status = status[r];
+    results[r].logprob = logprob[r];
+    results[r].rank = rank[r];
+    results[r].top_ids.assign(top_ids.begin() + r * n_top, top_ids.begin() + (r + 1) * n_top);
+    results[r].top_values.assign(top_values.begin() + r * n_top,
+                                 top_values.begin() + (r + 1) * n_top);
+  }
+  return results;
+}
+
+inline RowResult SampleOne(const std::vector<float>& x, const RowParams& p,
+                           int32_t top_logprobs = -1, LogprobSource source = LogprobSource::kRaw) {
+  return SampleBatch({x}, {p}, top_logprobs, source)[0];
+}
+
+// Tokens of `draws` rows holding `x`, with `p` at positions 0, 1, ..., draws - 1.
+inline std::vector<int32_t> DrawTokens(const std::vector<float>& x, RowParams p, int draws) {
+  std::vector<RowParams> params(draws, p);
+  for (int i = 0; i < draws; ++i) params[i].position = static_cast<uint64_t>(i);
+  std::vector<std::vector<float>> rows(draws, x);
+  std::vector<int32_t> tokens;
+  for (const RowResult& r : SampleBatch(rows, params)) tokens.push_back(r.token);
+  return tokens;
+}
+
+// Which tokens were drawn at least once.
+inline std::vector<bool> Seen(const std::vector<int32_t>& tokens, size_t vocab) {
+  std::vector<bool> seen(vocab, false);
+  for (int32_t t : tokens) {
+    if (t >= 0 && static_cast<size_t>(t) < vocab) seen[t] = true;
+  }
+  return seen;
+}
+
+// z = x / T in fp32, as the spec defines it.
+inline std::vector<float> Scaled(const std::vector<float>& x, float t) {
+  std::vector<float> z(x.size());
+  for (size_t j = 0; j < x.size(); ++j) z[j] = x[j] / t;
+  return z;
+}
+
+// The set of tokens that may be drawn (non-greedy rows without NaN).
+inline std::vector<bool> ReferenceSupport(const std::vector<float>& x, const RowParams& p) {
+  const size_t n = x.size();
+  const std::vector<float> z = Scaled(x, p.temperature);
+  std::vector<bool> keep(n, false);
+  bool any_inf = false;
+  for (float v : z) any_inf = any_inf || v == kInf;
+  if (any_inf) {
+    for (size_t j = 0; j < n; ++j) keep[j] = z[j] == kInf;
+    return keep;
+  }
+  double mx = -kInf;
+  for (float v : z) mx = std::fmax(mx, v);
+  std::vector<double> e(n);
+  for (size_t j = 0; j < n; ++j) e[j] = std::exp(static_cast<double>(z[j]) - mx);
+  for (size_t j = 0; j < n; ++j) keep[j] = z[j] != -kInf && (p.min_p <= 0 || e[j] >= p.min_p);
+  if (p.top_k > 0) {
+    std::vector<bool> after_k = keep;
+    for (size_t j = 0; j < n; ++j) {
+      int64_t greater = 0;
+      for (size_t i = 0; i < n; ++i) greater += keep[i] && z[i] > z[j];
+      after_k[j] = keep[j] && greater < p.top_k;
+    }
+    keep = after_k;
+  }
+  if (p.top_p < 1.0f) {
+    const bool joint = p.top_p_mode == TopPMode::kJoint;
+    double total = 0.0;
+    for (size_t i = 0; i < n; ++i) total += (joint || keep[i]) ? e[i] : 0.0;
+    std::vector<bool> after_p = keep;
+    for (size_t j = 0; j < n; ++j) {
+      double above = 0.0;
+      for (size_t i = 0; i < n; ++i) above += ((joint || keep[i]) && z[i] > z[j]) ? e[i] : 0.0;
+      after_p[j] = keep[j] && above < p.top_p * total;
+    }
+    keep = after_p;
+  }
+  return keep;
+}
+
+// The exact distribution draws follow: softmax(z) renormalised over the support, in double
+// (uniform over the +inf entries for +inf rows).
+inline std::vector<double> ReferenceDistribution(const std::vector<float>& x, const RowParams& p) {
+  const std::vector<bool> keep = ReferenceSupport(x, p);
+  const std::vector<float> z = Scaled(x, p.temperature);
+  bool any_inf = false;
+  double mx = -kInf;
+  for (float v : z) {
+    any_inf = any_inf || v == kInf;
+    mx = std::fmax(mx, v);
+  }
+  std::vector<double> prob(x.size(), 0.0);
+  double total = 0.0;
+  for (size_t j = 0; j < x.size(); ++j) {
+    if (keep[j]) prob[j] = any_inf ? 1.0 : std::exp(static_cast<double>(z[j]) - mx);
+    total += prob[j];
+  }
+  for (double& q : prob) q /= total;
+  return prob;
+}
+
+// The token the Gumbel-max draw must return: argmax over the reference support of z_j + G_j in
+// fp32 (G_j alone for +inf rows), lowest index on ties. Uses the Philox stream that
+// philox_test.cc checks against known answers.
+inline int32_t ReferenceDraw(const std::vector<float>& x, const RowParams& p) {
+  const std::vector<bool> keep = ReferenceSupport(x, p);
+  const std::vector<float> z = Scaled(x, p.temperature);
+  bool any_inf = false;
+  for (float v : z) any_inf = any_inf || v == kInf;
+  int32_t best = -1;
+  float best_score = -kInf;
+  for (size_t j = 0; j < x.size(); ++j) {
+    if (!keep[j]) continue;
+    const float g = GumbelNoise(p.seed, p.position, j);
+    const float score = any_inf ? g : z[j] + g;
+    if (best < 0 || score > best_score) {
+      best = static_cast<int32_t>(j);
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+// Deterministic logits uniform in [lo, hi) from a fixed-seed mt19937 (its raw output is fully
+// specified by the standard, unlike the distributions).
+inline std::vector<float> RandomLogits(size_t n, uint32_t seed, float lo = -4.0f, float hi = 4.0f) {
+  std::mt19937 gen(seed);
+  std::vector<float> x(n);
+  for (float& v : x) v = lo + (hi - lo) * static_cast<float>(gen() >> 8) * 0x1.0p-24f;
+  return x;
+}
+
+}  // namespace samplerd::kernels::testing
+
+#endif  // SAMPLERD_TESTS_KERNELS_SAMPLER_TEST_UTIL_H_
