@@ -7,7 +7,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "service/core/cpu_backend.h"
+#include "service/core/device_match.h"
+#include "service/core/status_macros.h"
 #include "service/core/validation.h"
+
+#if SAMPLERD_HAVE_GPU
+#include "service/core/gpu_backend.h"
+#endif
 
 namespace samplerd::core {
 
@@ -33,11 +39,36 @@ absl::StatusOr<std::unique_ptr<SamplerCore>> SamplerCore::Create(const CoreOptio
     return absl::InvalidArgumentError(
         absl::StrCat("expected threads >= 0 (0 = one per core), got ", options.threads));
   }
-  // This build has no GPU backend yet (issue #3): kAuto falls back to the CPU.
-  if (options.backend == BackendChoice::kGpu) {
-    return absl::FailedPreconditionError(
-        "expected a usable GPU for --backend=gpu, got a build without a GPU backend; use "
-        "--backend=auto or --backend=cpu");
+  if (options.backend != BackendChoice::kCpu) {
+#if SAMPLERD_HAVE_GPU
+    // kAuto takes the GPU whenever the runtime lists one; a listed device that then cannot be
+    // brought up is an error, not a silent (and far slower) CPU fallback.
+    std::string why;
+    std::vector<DeviceInfo> gpus = ListGpuDevices(&why);
+    if (!gpus.empty()) {
+      // One backend device for now: the first one samples; GetServerInfo lists them all.
+      absl::StatusOr<std::unique_ptr<GpuSampler>> gpu = GpuSampler::Create(gpus.front().ordinal);
+      if (!gpu.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("expected a usable GPU for --backend=",
+                         options.backend == BackendChoice::kGpu ? "gpu" : "auto",
+                         ", got: ", gpu.status().message()));
+      }
+      auto core = std::make_unique<SamplerCore>(options, *std::move(gpu), RandomSeedStart());
+      core->devices_ = std::move(gpus);
+      return core;
+    }
+    if (options.backend == BackendChoice::kGpu) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expected a usable GPU for --backend=gpu, got: ", why));
+    }
+#else
+    if (options.backend == BackendChoice::kGpu) {
+      return absl::FailedPreconditionError(
+          "expected a usable GPU for --backend=gpu, got: a build without a GPU backend "
+          "(configure with -DSAMPLERD_GPU=cuda or hip); use --backend=auto or --backend=cpu");
+    }
+#endif
   }
   auto sampler = std::make_unique<CpuSampler>(ResolveThreads(options.threads));
   return std::make_unique<SamplerCore>(options, std::move(sampler), RandomSeedStart());
@@ -59,6 +90,7 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
   absl::StatusOr<ValidatedBatch> batch =
       ValidateSampleRequest(request, options_.limits, [this] { return seeds_.Next(); });
   if (!batch.ok()) return batch.status();
+  RETURN_IF_ERROR(MatchDevice(request.device, sampler_->device()));
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++in_flight_;
@@ -107,7 +139,11 @@ ServerInfo SamplerCore::Info() const {
   ServerInfo info;
   info.version = kVersion;
   info.backend = sampler_->kind();
-  info.devices.push_back(sampler_->device());
+  if (devices_.empty()) {
+    info.devices.push_back(sampler_->device());
+  } else {
+    info.devices = devices_;
+  }
   info.limits = options_.limits;
   return info;
 }

@@ -47,7 +47,8 @@ class SamplerCore {
 
   // Validates `request` and queues it on the device's executor. Returns a non-OK status (and
   // drops `done` uncalled) when the request is rejected up front: INVALID_ARGUMENT or
-  // RESOURCE_EXHAUSTED when it is malformed or over the limits, UNAVAILABLE while draining.
+  // RESOURCE_EXHAUSTED when it is malformed or over the limits, FAILED_PRECONDITION when it
+  // names a device other than the backend's (MatchDevice), UNAVAILABLE while draining.
   // Otherwise `done` runs exactly once, later, on the executor thread. The request's inline
   // data must stay alive until `done` runs. Never blocks on sampling.
   absl::Status SampleAsync(SampleRequest request, Callback done);
@@ -64,6 +65,8 @@ class SamplerCore {
 
   const CoreOptions options_;
   std::unique_ptr<Sampler> sampler_;
+  // Every device the runtime lists, for Info(); empty: just sampler_->device().
+  std::vector<DeviceInfo> devices_;
   SeedSource seeds_;
   std::atomic<bool> draining_{false};
   std::mutex mu_;

@@ -1,0 +1,276 @@
+// Pass 1 of GPU sampling: ChunkPassKernel reads each row once, in fixed-size chunks.
+//
+// Launch: grid (chunks_per_row, batch), kChunkThreads threads; chunk c of row r covers tokens
+// [c * kChunk, min(V, (c + 1) * kChunk)). The chunk size never depends on the batch size, so a
+// row's arithmetic (and so its token) is the same alone or in any batch (batch invariance).
+// Per chunk it writes ChunkStats and, for rows with a small top-k, the chunk's candidates: every
+// token whose key is >= a threshold at or below the chunk's k-th largest z. Their union holds
+// every token of the row's top-k, so RowFinishKernel never has to read the row again for them.
+#ifndef SAMPLERD_KERNELS_GPU_CHUNK_PASS_H_
+#define SAMPLERD_KERNELS_GPU_CHUNK_PASS_H_
+
+#include <cstdint>
+
+#include "kernels/gpu/device_common.h"
+
+namespace samplerd::kernels::gpu {
+
+inline constexpr int kChunkThreads = 256;
+inline constexpr int kItemsPerThread = 32;
+inline constexpr int kChunk = kChunkThreads * kItemsPerThread;  // 8192 tokens
+inline constexpr int kMaxCandidateK = 256;  // top-k above this reads the row in pass 2 instead
+inline constexpr int kCandidateCap = 1024;  // candidates a chunk may emit
+
+// What pass 1 learns about one chunk of one row.
+struct ChunkStats {
+  float max_z;         // max of z = x / T over the chunk (-inf when every z is -inf)
+  float sum_exp_z;     // sum of exp(z - max_z) over finite z, for JOINT top-p rows only
+  float max_x;         // max of x (NaN excluded)
+  float sum_exp_x;     // sum of exp(x - max_x) over finite x, when raw logprobs are asked for
+  int64_t argmax_x;    // lowest index holding max_x
+  uint32_t nan_count;
+  uint32_t pos_inf_x;  // x == +inf
+  uint32_t pos_inf_z;  // z == +inf
+  uint32_t not_neg_inf_x;  // x > -inf
+  uint32_t candidates;     // candidates written
+  uint32_t overflow;       // 1: the chunk had more than kCandidateCap candidates
+  float best_score;        // rows drawn in this pass (DrawsInChunkPass): max of z + G
+  int64_t best_index;      // its lowest index
+};
+
+// Where pass 1 writes (device memory, from the workspace).
+struct ChunkPassParams {
+  const void* logits;
+  int64_t vocab;
+  int64_t row_stride;
+  const RowParams* params;
+  int64_t params_count;
+  int chunks;                // per row
+  bool raw_logprobs;         // compute sum_exp_x
+  ChunkStats* stats;         // [batch, chunks]
+  uint32_t* candidate_key;   // [batch, chunks, kCandidateCap]
+  int32_t* candidate_index;  // [batch, chunks, kCandidateCap]
+};
+
+__device__ __forceinline__ bool IsGreedy(const RowParams& p) {
+  return p.temperature < kGreedyTemperature;
+}
+
+// Rows with no filter (plain temperature) draw in this pass: every finite z competes.
+__device__ __forceinline__ bool DrawsInChunkPass(const RowParams& p, int64_t vocab) {
+  return !IsGreedy(p) && (p.top_k <= 0 || p.top_k >= vocab) && !(p.top_p < 1.0f) &&
+         !(p.min_p > 0.0f);
+}
+
+// Rows whose top-k is resolved from the chunk candidates.
+__device__ __forceinline__ bool UsesCandidates(const RowParams& p, int64_t vocab) {
+  return !IsGreedy(p) && p.top_k > 0 && p.top_k <= kMaxCandidateK && p.top_k < vocab;
+}
+
+// Loads the 4 consecutive elements at `j` (4-aligned) of a row: one vector load when the
+// address allows, else element by element; past `end` reads -inf.
+template <DType kDType>
+__device__ __forceinline__ void LoadGroup(const void* row, int64_t j, int64_t end, float* out) {
+  if (j + 3 < end) {
+    if constexpr (kDType == DType::kFp32) {
+      const float* p = static_cast<const float*>(row) + j;
+      if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        out[0] = v.x;
+        out[1] = v.y;
+        out[2] = v.z;
+        out[3] = v.w;
+        return;
+      }
+    } else {
+      const uint16_t* p = static_cast<const uint16_t*>(row) + j;
+      if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p);
+        const uint16_t h[4] = {static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16),
+                               static_cast<uint16_t>(v.y), static_cast<uint16_t>(v.y >> 16)};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          out[e] = kDType == DType::kBf16 ? __uint_as_float(static_cast<uint32_t>(h[e]) << 16)
+                                          : HalfToFloat(h[e]);
+        }
+        return;
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) out[e] = j + e < end ? LoadLogit<kDType>(row, j + e) : -kInfF;
+}
+
+// Item i of this thread: groups of 4 consecutive tokens, group g at (g * threads + tid) * 4, so
+// each wave reads contiguous memory and one Philox block serves a group.
+__device__ __forceinline__ int64_t ItemIndex(int64_t begin, int i) {
+  return begin + (static_cast<int64_t>(i >> 2) * kChunkThreads + threadIdx.x) * 4 + (i & 3);
+}
+
+// Pass 1 is budgeted at ~10-20 instructions per token: at 4.4 TB/s the SMs issue ~30 per
+// fp32 token, and v2 (70+) was compute-bound at 4x the floor (NOTES.md).
+template <DType kDType>
+__global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassParams p) {
+  using Reduce = BlockReduce<kChunkThreads>;
+  __shared__ typename Reduce::Storage reduce;
+  __shared__ uint32_t thread_max[kChunkThreads];
+  __shared__ uint32_t candidate_count;
+  __shared__ uint32_t threshold_shared;
+
+  const int64_t row = blockIdx.y;
+  const int chunk = blockIdx.x;
+  const RowParams params = p.params[p.params_count == 1 ? 0 : row];
+  const bool greedy = IsGreedy(params);
+  const bool unit_temperature = params.temperature == 1.0f;  // z = x exactly: skip the divide
+  const size_t elem = kDType == DType::kFp32 ? 4 : 2;
+  const void* row_ptr = static_cast<const char*>(p.logits) + row * p.row_stride * elem;
+  const int64_t begin = static_cast<int64_t>(chunk) * kChunk;
+  const int64_t end = begin + kChunk < p.vocab ? begin + kChunk : p.vocab;
+  auto temper = [&](float v) { return unit_temperature ? v : v / params.temperature; };
+
+  // Pass 1 holds the chunk in registers (every load in flight at once); later passes re-read
+  // it from L1 group by group, so that x[] does not live across them (kept live, it was
+  // demoted to local memory and serialised the loads: NOTES.md v3).
+  float x[kItemsPerThread];
+#pragma unroll
+  for (int g = 0; g < kItemsPerThread / 4; ++g) {
+    LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
+  }
+  auto for_items = [&](auto&& f) {
+    for (int g = 0; g < kItemsPerThread / 4; ++g) {
+      float v[4];
+      const int64_t group = ItemIndex(begin, g * 4);
+      LoadGroup<kDType>(row_ptr, group, end, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(group + e, v[e]);
+    }
+  };
+
+  uint32_t nan = 0, pinf_x = 0, pinf_z = 0, finite_x = 0;
+  float best_x = -kInfF;
+  int32_t best_i = -1;  // item of best_x; items run in index order, so `>` keeps the lowest
+  ArgMaxPair draw{-kInfF, INT64_MAX};
+  const bool draws = DrawsInChunkPass(params, p.vocab);
+  const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
+  float max_z = -kInfF;
+#pragma unroll
+  for (int g = 0; g < kItemsPerThread / 4; ++g) {
+    PhiloxCounter noise_bits{{0, 0, 0, 0}};
+    const int64_t group = ItemIndex(begin, g * 4);
+    if (draws && group < end) {
+      noise_bits = Philox4x32x10(PhiloxCounterFor(params.position, group), key);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = g * 4 + e;
+      const float v = x[i];
+      nan += v != v;
+      pinf_x += v == kInfF;
+      finite_x += v > -kInfF;
+      if (v > best_x) {
+        best_x = v;
+        best_i = i;
+      }
+      if (!greedy) {
+        const float z = temper(v);
+        pinf_z += z == kInfF;
+        max_z = fmaxf(max_z, z);  // fmaxf drops NaN
+        if (draws && z > -kInfF) {
+          const float noise = GumbelFromUniform(UniformFromBits(noise_bits.word[e]));
+          const ArgMaxPair scored{z + noise, group + e};
+          if (Better(scored, draw)) draw = scored;
+        }
+      }
+    }
+  }
+  // Counts are at most 8192 each: pack them 16 bits apart for one reduction.
+  const uint64_t counts = Reduce::SumU64(
+      reduce, static_cast<uint64_t>(nan) | (static_cast<uint64_t>(pinf_x) << 16) |
+                  (static_cast<uint64_t>(pinf_z) << 32) |
+                  (static_cast<uint64_t>(finite_x) << 48));
+  const ArgMaxPair best = Reduce::ArgMax(
+      reduce, ArgMaxPair{best_x, best_i < 0 ? INT64_MAX : ItemIndex(begin, best_i)});
+  const float thread_max_z = max_z;
+  if (!greedy) max_z = Reduce::Max(reduce, max_z);
+  if (draws) draw = Reduce::ArgMax(reduce, draw);
+
+  // Pass 2, only where the full row's mass is needed: JOINT top-p.
+  float sum_z = 0.0f;
+  if (!greedy && params.top_p_mode == TopPMode::kJoint && params.top_p < 1.0f &&
+      max_z > -kInfF && max_z < kInfF) {
+    for_items([&](int64_t, float v) {
+      const float z = temper(v);
+      if (z > -kInfF && z < kInfF) sum_z += expf(z - max_z);
+    });
+    sum_z = Reduce::Sum(reduce, sum_z);
+  }
+  float sum_x = 0.0f;
+  if (p.raw_logprobs && best.value > -kInfF && best.value < kInfF) {
+    for_items([&](int64_t, float v) {
+      if (v > -kInfF && v < kInfF) sum_x += expf(v - best.value);
+    });
+    sum_x = Reduce::Sum(reduce, sum_x);
+  }
+
+  // Candidates for a small top-k: the threshold is the k-th largest of the 256 thread maxima,
+  // so at least k tokens are >= it (each of those threads holds one), and few more on random
+  // logits. The tokens >= it are appended in any order (RowFinishKernel sorts them).
+  uint32_t total = 0;
+  uint32_t overflow = 0;
+  const bool collect = UsesCandidates(params, p.vocab) && (counts & 0xffff) == 0;
+  if (collect) {
+    const uint32_t k = static_cast<uint32_t>(params.top_k);  // <= kMaxCandidateK = threads
+    const uint32_t mine = thread_max_z > -kInfF ? OrderedKey(thread_max_z) : 0u;
+    thread_max[threadIdx.x] = mine;
+    if (threadIdx.x == 0) candidate_count = 0;
+    __syncthreads();
+    uint32_t greater = 0, equal = 0;
+    for (int t = 0; t < kChunkThreads; ++t) {
+      const uint32_t other = thread_max[t];
+      greater += other > mine;
+      equal += other == mine;
+    }
+    if (greater < k && k <= greater + equal) threshold_shared = mine;  // the k-th largest
+    __syncthreads();
+    uint32_t threshold = threshold_shared;
+    if (threshold == 0) threshold = kNegInfKey + 1;  // fewer than k threads hold a finite z
+    const int64_t slot_base = (row * p.chunks + chunk) * static_cast<int64_t>(kCandidateCap);
+    for_items([&](int64_t j, float v) {
+      const float z = temper(v);
+      if (!(z > -kInfF)) return;
+      const uint32_t key_j = OrderedKey(z);
+      if (key_j < threshold) return;
+      const uint32_t slot = atomicAdd(&candidate_count, 1u);
+      if (slot < static_cast<uint32_t>(kCandidateCap)) {
+        p.candidate_key[slot_base + slot] = key_j;
+        p.candidate_index[slot_base + slot] = static_cast<int32_t>(j);
+      }
+    });
+    __syncthreads();
+    total = candidate_count;
+    overflow = total > static_cast<uint32_t>(kCandidateCap);
+    if (overflow) total = 0;
+  }
+
+  if (threadIdx.x == 0) {
+    ChunkStats s;
+    s.max_z = max_z;
+    s.sum_exp_z = sum_z;
+    s.max_x = best.value;
+    s.sum_exp_x = sum_x;
+    s.argmax_x = best.index;
+    s.nan_count = static_cast<uint32_t>(counts & 0xffff);
+    s.pos_inf_x = static_cast<uint32_t>((counts >> 16) & 0xffff);
+    s.pos_inf_z = static_cast<uint32_t>((counts >> 32) & 0xffff);
+    s.not_neg_inf_x = static_cast<uint32_t>(counts >> 48);
+    s.candidates = total;
+    s.overflow = overflow;
+    s.best_score = draw.value;
+    s.best_index = draw.index;
+    p.stats[row * p.chunks + chunk] = s;
+  }
+}
+
+}  // namespace samplerd::kernels::gpu
+
+#endif  // SAMPLERD_KERNELS_GPU_CHUNK_PASS_H_

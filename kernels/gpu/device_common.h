@@ -1,0 +1,195 @@
+// Device helpers shared by the sampling kernels: order-preserving keys, native dtype loads,
+// fixed-point masses and deterministic block reductions. HIP names only (platform.h).
+#ifndef SAMPLERD_KERNELS_GPU_DEVICE_COMMON_H_
+#define SAMPLERD_KERNELS_GPU_DEVICE_COMMON_H_
+
+#include <cstdint>
+
+#include "kernels/common/philox.h"
+#include "kernels/common/sampling_types.h"
+#include "kernels/gpu/platform.h"
+
+namespace samplerd::kernels::gpu {
+
+inline constexpr float kInfF = __builtin_huge_valf();
+
+// Masses exp(z - max) in [0, 1] are summed as integers in units of 2^-31, so that sums do not
+// depend on the order of atomics (bitwise-repeatable top-p), one token's mass fits 32 bits and
+// a row of 2^22 tokens fits 53 bits (exact in double). Tokens below 2^-32 of the top token
+// weigh 0 (the CPU oracle sums them in double: decisions can only differ when p * mass lands
+// within ~1e-9 * V of a token boundary).
+inline constexpr float kMassScale = 2147483648.0f;  // 2^31
+
+// Order-preserving key: a > b as floats <=> Key(a) > Key(b) as unsigned. -0 maps onto +0
+// because the float comparisons of the CPU oracle treat them as equal. Not for NaN.
+__device__ __forceinline__ uint32_t OrderedKey(float f) {
+  uint32_t bits = __float_as_uint(f);
+  if ((bits << 1) == 0) bits = 0;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+__device__ __forceinline__ float KeyToFloat(uint32_t key) {
+  const uint32_t bits = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+  return __uint_as_float(bits);
+}
+
+inline constexpr uint32_t kNegInfKey = 0x007fffffu;  // OrderedKey(-inf)
+
+// IEEE binary16 bits to fp32, exact for every value (subnormals without relying on the
+// device's denormal mode).
+__device__ __forceinline__ float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = static_cast<float>(mantissa) * 0x1.0p-24f;
+  } else if (exponent == 0x1f) {
+    magnitude = __uint_as_float(0x7f800000u | (mantissa << 13));
+  } else {
+    magnitude = __uint_as_float(((exponent + 112u) << 23) | (mantissa << 13));
+  }
+  return __uint_as_float(__float_as_uint(magnitude) | sign);
+}
+
+// Element i of a logits row, read in its storage type and widened to fp32.
+template <DType kDType>
+__device__ __forceinline__ float LoadLogit(const void* row, int64_t i) {
+  if constexpr (kDType == DType::kFp32) {
+    return static_cast<const float*>(row)[i];
+  } else if constexpr (kDType == DType::kBf16) {
+    return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(row)[i]) << 16);
+  } else {
+    return HalfToFloat(static_cast<const uint16_t*>(row)[i]);
+  }
+}
+
+// Fixed-point mass of z given the row max.
+__device__ __forceinline__ uint64_t FixedMass(float z, float row_max) {
+  return static_cast<uint64_t>(expf(z - row_max) * kMassScale);
+}
+
+// A candidate for an argmax with the lowest index winning ties.
+struct ArgMaxPair {
+  float value;
+  int64_t index;
+};
+
+__device__ __forceinline__ bool Better(const ArgMaxPair& a, const ArgMaxPair& b) {
+  return a.value > b.value || (a.value == b.value && a.index < b.index);
+}
+
+// Reductions within one wave (kWaveSize lanes) by butterfly shuffles: a fixed tree, so the
+// same inputs always give the same bits, and every lane gets the result.
+__device__ __forceinline__ float WaveMax(float v) {
+  for (int o = kWaveSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor(v, o, kWaveSize));
+  return v;
+}
+__device__ __forceinline__ float WaveSum(float v) {
+  for (int o = kWaveSize / 2; o > 0; o >>= 1) v += __shfl_xor(v, o, kWaveSize);
+  return v;
+}
+__device__ __forceinline__ uint64_t WaveSumU64(uint64_t v) {
+  for (int o = kWaveSize / 2; o > 0; o >>= 1) {
+    v += static_cast<uint64_t>(__shfl_xor(static_cast<unsigned long long>(v), o, kWaveSize));
+  }
+  return v;
+}
+__device__ __forceinline__ ArgMaxPair WaveArgMax(ArgMaxPair v) {
+  for (int o = kWaveSize / 2; o > 0; o >>= 1) {
+    const ArgMaxPair other{__shfl_xor(v.value, o, kWaveSize),
+                           static_cast<int64_t>(__shfl_xor(static_cast<long long>(v.index), o,
+                                                           kWaveSize))};
+    if (Better(other, v)) v = other;
+  }
+  return v;
+}
+
+// Block-wide reductions: a wave reduction, then every thread combines the per-wave results in
+// wave order. Two barriers per call; the result is the same bits in every thread. `kThreads`
+// is the block size, a multiple of every wave size; every thread must call.
+template <int kThreads>
+struct BlockReduce {
+  static constexpr int kMaxWaves = kThreads / 32;  // waves are 32 or 64 lanes
+
+  struct Storage {
+    float f[kMaxWaves];
+    int64_t i[kMaxWaves];
+    uint64_t u[kMaxWaves];
+  };
+
+  __device__ static int Waves() { return kThreads / kWaveSize; }
+  __device__ static int Wave() { return static_cast<int>(threadIdx.x) / kWaveSize; }
+  __device__ static bool Leader() { return threadIdx.x % kWaveSize == 0; }
+
+  __device__ static float Max(Storage& s, float v) {
+    v = WaveMax(v);
+    if (Leader()) s.f[Wave()] = v;
+    __syncthreads();
+    float out = s.f[0];
+    for (int w = 1; w < Waves(); ++w) out = fmaxf(out, s.f[w]);
+    __syncthreads();
+    return out;
+  }
+
+  __device__ static float Sum(Storage& s, float v) {
+    v = WaveSum(v);
+    if (Leader()) s.f[Wave()] = v;
+    __syncthreads();
+    float out = s.f[0];
+    for (int w = 1; w < Waves(); ++w) out += s.f[w];
+    __syncthreads();
+    return out;
+  }
+
+  __device__ static uint64_t SumU64(Storage& s, uint64_t v) {
+    v = WaveSumU64(v);
+    if (Leader()) s.u[Wave()] = v;
+    __syncthreads();
+    uint64_t out = 0;
+    for (int w = 0; w < Waves(); ++w) out += s.u[w];
+    __syncthreads();
+    return out;
+  }
+
+  __device__ static ArgMaxPair ArgMax(Storage& s, ArgMaxPair v) {
+    v = WaveArgMax(v);
+    if (Leader()) {
+      s.f[Wave()] = v.value;
+      s.i[Wave()] = v.index;
+    }
+    __syncthreads();
+    ArgMaxPair out{s.f[0], s.i[0]};
+    for (int w = 1; w < Waves(); ++w) {
+      const ArgMaxPair other{s.f[w], s.i[w]};
+      if (Better(other, out)) out = other;
+    }
+    __syncthreads();
+    return out;
+  }
+
+  // Exclusive prefix sum of one value per thread (in thread order); *total gets the sum.
+  __device__ static uint64_t ExclusiveScan(Storage& s, uint64_t v, uint64_t* total) {
+    const int lane = static_cast<int>(threadIdx.x) % kWaveSize;
+    uint64_t inclusive = v;
+    for (int o = 1; o < kWaveSize; o <<= 1) {
+      const uint64_t up = static_cast<uint64_t>(
+          __shfl_up(static_cast<unsigned long long>(inclusive), o, kWaveSize));
+      if (lane >= o) inclusive += up;
+    }
+    if (lane == kWaveSize - 1) s.u[Wave()] = inclusive;
+    __syncthreads();
+    uint64_t before = 0, sum = 0;
+    for (int w = 0; w < Waves(); ++w) {
+      if (w < Wave()) before += s.u[w];
+      sum += s.u[w];
+    }
+    __syncthreads();
+    *total = sum;
+    return before + inclusive - v;
+  }
+};
+
+}  // namespace samplerd::kernels::gpu
+
+#endif  // SAMPLERD_KERNELS_GPU_DEVICE_COMMON_H_

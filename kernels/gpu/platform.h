@@ -1,0 +1,89 @@
+// The one seam between HIP and CUDA: kernels are written with HIP names; under nvcc this header
+// maps the HIP names we use onto CUDA. Everything wave-size dependent goes through kWaveSize.
+//
+// Under hipcc it includes <hip/hip_runtime.h>; under nvcc <cuda_runtime.h>; anything else is an
+// error. Keep the mapping short and auditable: add a name only when a kernel uses it.
+#ifndef SAMPLERD_KERNELS_GPU_PLATFORM_H_
+#define SAMPLERD_KERNELS_GPU_PLATFORM_H_
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#elif defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+// Types and error codes.
+using hipError_t = cudaError_t;
+using hipStream_t = cudaStream_t;
+using hipEvent_t = cudaEvent_t;
+using hipDeviceProp_t = cudaDeviceProp;
+using hipIpcMemHandle_t = cudaIpcMemHandle_t;
+using hipIpcEventHandle_t = cudaIpcEventHandle_t;
+#define hipSuccess cudaSuccess
+#define hipErrorInvalidValue cudaErrorInvalidValue
+#define hipErrorNoDevice cudaErrorNoDevice
+
+// Runtime calls.
+#define hipGetDeviceCount cudaGetDeviceCount
+#define hipGetDeviceProperties cudaGetDeviceProperties
+#define hipDeviceGetPCIBusId cudaDeviceGetPCIBusId
+#define hipSetDevice cudaSetDevice
+#define hipGetDevice cudaGetDevice
+#define hipMalloc cudaMalloc
+#define hipFree cudaFree
+#define hipHostMalloc(ptr, bytes, flags) cudaHostAlloc((ptr), (bytes), (flags))
+#define hipHostMallocDefault cudaHostAllocDefault
+#define hipHostFree cudaFreeHost
+#define hipMemcpy cudaMemcpy
+#define hipMemcpyAsync cudaMemcpyAsync
+#define hipMemsetAsync cudaMemsetAsync
+#define hipMemcpyHostToDevice cudaMemcpyHostToDevice
+#define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define hipStreamCreateWithFlags cudaStreamCreateWithFlags
+#define hipStreamNonBlocking cudaStreamNonBlocking
+#define hipStreamDestroy cudaStreamDestroy
+#define hipStreamSynchronize cudaStreamSynchronize
+#define hipStreamWaitEvent cudaStreamWaitEvent
+#define hipEventCreateWithFlags cudaEventCreateWithFlags
+#define hipEventDisableTiming cudaEventDisableTiming
+#define hipEventInterprocess cudaEventInterprocess
+#define hipEventCreate cudaEventCreate
+#define hipEventRecord cudaEventRecord
+#define hipEventSynchronize cudaEventSynchronize
+#define hipEventElapsedTime cudaEventElapsedTime
+#define hipEventDestroy cudaEventDestroy
+#define hipIpcOpenMemHandle cudaIpcOpenMemHandle
+#define hipIpcCloseMemHandle cudaIpcCloseMemHandle
+#define hipIpcGetMemHandle cudaIpcGetMemHandle
+#define hipIpcOpenEventHandle cudaIpcOpenEventHandle
+#define hipIpcGetEventHandle cudaIpcGetEventHandle
+#define hipIpcMemLazyEnablePeerAccess cudaIpcMemLazyEnablePeerAccess
+#define hipGetLastError cudaGetLastError
+#define hipPeekAtLastError cudaPeekAtLastError
+#define hipGetErrorString cudaGetErrorString
+#define hipGetErrorName cudaGetErrorName
+#define hipDeviceSynchronize cudaDeviceSynchronize
+
+// Warp intrinsics: HIP's shuffles take no mask; CUDA's _sync forms take a full mask.
+#define __shfl_xor(v, lane_mask, width) __shfl_xor_sync(0xffffffffu, (v), (lane_mask), (width))
+#define __shfl_down(v, delta, width) __shfl_down_sync(0xffffffffu, (v), (delta), (width))
+#define __shfl(v, src, width) __shfl_sync(0xffffffffu, (v), (src), (width))
+#define __shfl_up(v, delta, width) __shfl_up_sync(0xffffffffu, (v), (delta), (width))
+#else
+#error "kernels/gpu needs hipcc (ROCm) or nvcc (CUDA)"
+#endif
+
+namespace samplerd::kernels::gpu {
+
+// Threads of one hardware wave: 64 on AMD CDNA (gfx9), 32 on NVIDIA and on AMD RDNA (gfx10+).
+// Device code only; host code asks the runtime (hipDeviceProp_t::warpSize).
+// clang defines __AMDGCN_WAVEFRONT_SIZE in each AMD device pass (64 for gfx90a, 32 for gfx1030).
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+inline constexpr int kWaveSize = __AMDGCN_WAVEFRONT_SIZE;
+#else
+inline constexpr int kWaveSize = 32;
+#endif
+
+}  // namespace samplerd::kernels::gpu
+
+#endif  // SAMPLERD_KERNELS_GPU_PLATFORM_H_

@@ -1,0 +1,186 @@
+// runtime.h over the HIP runtime (hipcc) or, through platform.h, the CUDA runtime (nvcc).
+//
+// Nothing here may abort the process: on a machine without a driver or a device every call
+// returns the runtime's error code, and ListDevices returns an empty list with the reason.
+#include "kernels/gpu/runtime.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "kernels/gpu/platform.h"
+
+namespace samplerd::kernels::gpu {
+namespace {
+
+hipStream_t AsHipStream(Stream stream) { return static_cast<hipStream_t>(stream); }
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", the form nvidia-smi and CUDA_VISIBLE_DEVICES use.
+std::string FormatUuidBytes(const unsigned char (&b)[16]) {
+  char text[64];
+  std::snprintf(text, sizeof(text),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return text;
+}
+
+#if defined(__HIPCC__)
+// ROCm fills hipUUID with the 16 ASCII characters of the device's unique id (the form
+// HIP_VISIBLE_DEVICES accepts after "GPU-"); older firmware leaves it zero. Binary contents
+// are formatted like CUDA's.
+std::string DeviceUuid(int ordinal) {
+  hipDevice_t device;
+  hipUUID uuid;
+  if (hipDeviceGet(&device, ordinal) != hipSuccess) return "";
+  if (hipDeviceGetUuid(&uuid, device) != hipSuccess) return "";
+  unsigned char bytes[16];
+  std::memcpy(bytes, uuid.bytes, sizeof(bytes));
+  bool all_zero = true;
+  bool all_alnum = true;
+  for (unsigned char c : bytes) {
+    all_zero = all_zero && c == 0;
+    all_alnum = all_alnum && std::isalnum(c);
+  }
+  if (all_zero) return "";
+  if (all_alnum) {
+    std::string id(reinterpret_cast<const char*>(bytes), sizeof(bytes));
+    for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return "GPU-" + id;
+  }
+  return FormatUuidBytes(bytes);
+}
+
+// ROCm supports IPC memory and event handles on Linux (hipIpcOpenEventHandle since HIP 4.2).
+bool IpcMemory(const hipDeviceProp_t&) { return true; }
+bool IpcEvents(const hipDeviceProp_t&) { return true; }
+#else
+std::string DeviceUuid(const cudaDeviceProp& prop) {
+  unsigned char bytes[16];
+  std::memcpy(bytes, prop.uuid.bytes, sizeof(bytes));
+  return FormatUuidBytes(bytes);
+}
+
+// CUDA IPC needs Linux and a device in the unified address space.
+#if defined(__linux__)
+bool IpcMemory(const cudaDeviceProp& prop) { return prop.unifiedAddressing != 0; }
+bool IpcEvents(const cudaDeviceProp& prop) { return prop.unifiedAddressing != 0; }
+#else
+bool IpcMemory(const cudaDeviceProp&) { return false; }
+bool IpcEvents(const cudaDeviceProp&) { return false; }
+#endif
+#endif
+
+// "0000:00:06.0" as the runtime prints it, lower-cased; empty when the runtime fails.
+std::string PciBusId(int ordinal) {
+  char text[64] = {};
+  if (hipDeviceGetPCIBusId(text, static_cast<int>(sizeof(text)), ordinal) != hipSuccess) {
+    return "";
+  }
+  std::string id(text);
+  for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return id;
+}
+
+// "cudaErrorNoDevice: no CUDA-capable device is detected"; the name alone where the runtime
+// has no better text (HIP often repeats the name).
+std::string Describe(hipError_t code) {
+  const std::string name = hipGetErrorName(code);
+  const std::string text = hipGetErrorString(code);
+  std::string out = text == name ? name : name + ": " + text;
+#if !defined(__HIPCC__)
+  // What a machine without the NVIDIA driver reports; say so in words.
+  if (code == cudaErrorInsufficientDriver) {
+    out += " (no NVIDIA driver is loaded, or it is older than this build's CUDA runtime)";
+  }
+#endif
+  return out;
+}
+
+}  // namespace
+
+const char* RuntimeName() {
+#if defined(__HIPCC__)
+  return "hip";
+#else
+  return "cuda";
+#endif
+}
+
+std::vector<DeviceProperties> ListDevices(std::string* error) {
+  std::vector<DeviceProperties> devices;
+  int count = 0;
+  const hipError_t status = hipGetDeviceCount(&count);
+  if (status != hipSuccess) {
+    // No driver or no device: not an error for callers, who fall back to the CPU. Clear the
+    // runtime's last error so that it does not surface later as a fault of some other call.
+    (void)hipGetLastError();
+    if (error != nullptr) *error = Describe(status);
+    return devices;
+  }
+  if (count == 0) {
+    if (error != nullptr) *error = "the runtime reports no devices";
+    return devices;
+  }
+  for (int i = 0; i < count; ++i) {
+    hipDeviceProp_t prop;
+    const hipError_t prop_status = hipGetDeviceProperties(&prop, i);
+    if (prop_status != hipSuccess) {
+      (void)hipGetLastError();
+      if (error != nullptr) *error = "device " + std::to_string(i) + ": " + Describe(prop_status);
+      continue;
+    }
+    DeviceProperties d;
+    d.ordinal = i;
+    d.pci_bus_id = PciBusId(i);
+#if defined(__HIPCC__)
+    d.uuid = DeviceUuid(i);
+#else
+    d.uuid = DeviceUuid(prop);
+#endif
+    d.name = prop.name;
+    d.wave_size = prop.warpSize;
+    d.ipc_memory = IpcMemory(prop);
+    d.ipc_events = IpcEvents(prop);
+    devices.push_back(std::move(d));
+  }
+  return devices;
+}
+
+const char* ErrorString(int code) { return hipGetErrorString(static_cast<hipError_t>(code)); }
+
+int SetDevice(int ordinal) { return hipSetDevice(ordinal); }
+
+int DeviceMalloc(void** ptr, size_t bytes) { return hipMalloc(ptr, bytes); }
+
+int DeviceFree(void* ptr) { return hipFree(ptr); }
+
+int PinnedMalloc(void** ptr, size_t bytes) {
+  return hipHostMalloc(ptr, bytes, hipHostMallocDefault);
+}
+
+int PinnedFree(void* ptr) { return hipHostFree(ptr); }
+
+int StreamCreate(Stream* stream) {
+  hipStream_t s = nullptr;
+  const hipError_t status = hipStreamCreateWithFlags(&s, hipStreamNonBlocking);
+  *stream = status == hipSuccess ? static_cast<Stream>(s) : nullptr;
+  return status;
+}
+
+int StreamDestroy(Stream stream) { return hipStreamDestroy(AsHipStream(stream)); }
+
+int StreamSynchronize(Stream stream) { return hipStreamSynchronize(AsHipStream(stream)); }
+
+int CopyToDevice(void* dst, const void* src, size_t bytes, Stream stream) {
+  return hipMemcpyAsync(dst, src, bytes, hipMemcpyHostToDevice, AsHipStream(stream));
+}
+
+int CopyToHost(void* dst, const void* src, size_t bytes, Stream stream) {
+  return hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToHost, AsHipStream(stream));
+}
+
+int LastError() { return hipGetLastError(); }
+
+}  // namespace samplerd::kernels::gpu

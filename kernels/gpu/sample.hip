@@ -1,0 +1,421 @@
+// GPU sampling: RowFinishKernel (filters, draw, logprobs) and the host launcher Sample.
+//
+// Two launches per batch on the caller's stream:
+//   1. ChunkPassKernel (chunk_pass.h): reads every row once in fixed 8192-token chunks.
+//   2. RowFinishKernel (here): one block per row; combines the chunks in a fixed order, resolves
+//      min-p / top-k / top-p exactly on order-preserving keys (select.h) and draws with the
+//      Philox streams of kernels/common/philox.h, exactly as kernels/cpu does.
+// Design, measurements and what each version cost: kernels/gpu/NOTES.md.
+#include "kernels/gpu/chunk_pass.h"
+#include "kernels/gpu/gpu_sampler.h"
+#include "kernels/gpu/platform.h"
+#include "kernels/gpu/row_finish.h"
+#include "kernels/gpu/select.h"
+
+namespace samplerd::kernels::gpu {
+namespace {
+
+// Top-N logprobs collected on chip (the server's limit is far lower).
+constexpr int32_t kMaxGpuTopLogprobs = kSortCap / 2;
+
+// Resolves min-p, top-k and top-p over `source` and draws. Returns the token; *threshold gets
+// the smallest surviving key, *mass and *count the survivors' fixed-point mass and number.
+template <class Source>
+__device__ int64_t FilterAndDraw(const Source& source, const RowParams& params, int64_t vocab,
+                                 const RowSummary& summary, FinishShared& sh,
+                                 uint32_t* threshold, uint64_t* mass, uint64_t* count) {
+  const float row_max = summary.max_z;
+  uint32_t t = 0;
+  if (params.min_p > 0.0f) t = OrderedKey(row_max + logf(params.min_p));
+  if (params.top_k > 0 && params.top_k < vocab) {
+    t = SelectThreshold<kFinishThreads>(source, t, /*by_mass=*/false, row_max, 0.0, -1.0,
+                                        static_cast<double>(params.top_k), sh.select,
+                                        sh.reduce);
+  }
+  if (params.top_p > 0.0f && params.top_p < 1.0f) {
+    const double joint = params.top_p_mode == TopPMode::kJoint
+                             ? static_cast<double>(summary.sum_exp_z) * kMassScale
+                             : -1.0;
+    t = SelectThreshold<kFinishThreads>(source, t, /*by_mass=*/true, row_max, params.top_p,
+                                        joint, 0.0, sh.select, sh.reduce);
+  }
+  *threshold = t;
+  return GumbelDraw(source, t, /*noise_only=*/false, row_max, params, sh, mass, count);
+}
+
+// The common top-k path: the row's candidates (at most kSortCap) sorted once on chip, then
+// min-p, top-k and top-p are prefixes of that order and the draw runs over the kept prefix.
+__device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
+                                        const RowParams& params, const RowSummary& summary,
+                                        FinishShared& sh, uint32_t* threshold, uint64_t* mass,
+                                        uint64_t* count) {
+  SelectStorage& s = sh.select;
+  const int n = static_cast<int>(summary.candidate_total);
+  const int64_t base = row * p.chunks * static_cast<int64_t>(kCandidateCap);
+  // Item i lives in the chunk whose offset range holds it; every load is independent.
+  for (int i = threadIdx.x; i < n; i += kFinishThreads) {
+    int lo = 0, hi = p.chunks - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (sh.candidate_offset[mid] <= static_cast<uint32_t>(i)) lo = mid; else hi = mid - 1;
+    }
+    const int64_t slot = base + lo * static_cast<int64_t>(kCandidateCap) +
+                         (i - static_cast<int>(sh.candidate_offset[lo]));
+    s.sort.key[i] = p.candidate_key[slot];
+    s.sort.index[i] = p.candidate_index[slot];
+  }
+  __syncthreads();
+  SortDescending<kFinishThreads>(s, n);
+  const float row_max = summary.max_z;
+  // min-p keeps a prefix; so does top-k within it (ties with the k-th key included).
+  auto first_below = [&](uint32_t key, int limit) -> int {
+    if (threadIdx.x == 0) s.cut = static_cast<uint32_t>(limit);
+    __syncthreads();
+    for (int i = threadIdx.x; i < limit; i += kFinishThreads) {
+      if (s.sort.key[i] < key && (i == 0 || s.sort.key[i - 1] >= key)) atomicMin(&s.cut, i);
+    }
+    __syncthreads();
+    const int out = static_cast<int>(s.cut);
+    __syncthreads();
+    return out;
+  };
+  int kept = n;
+  if (params.min_p > 0.0f) kept = first_below(OrderedKey(row_max + logf(params.min_p)), kept);
+  if (params.top_k > 0 && params.top_k < kept) kept = first_below(s.sort.key[params.top_k - 1], kept);
+  if (params.top_p > 0.0f && params.top_p < 1.0f) {
+    double target;
+    if (params.top_p_mode == TopPMode::kJoint) {
+      target = static_cast<double>(params.top_p) * static_cast<double>(summary.sum_exp_z) *
+               kMassScale;
+    } else {
+      uint64_t w = 0;
+      for (int i = threadIdx.x; i < kept; i += kFinishThreads) {
+        w += FixedMass(KeyToFloat(s.sort.key[i]), row_max);
+      }
+      target = static_cast<double>(params.top_p) *
+               static_cast<double>(BlockReduce<kFinishThreads>::SumU64(sh.reduce, w));
+    }
+    kept = static_cast<int>(
+        CutSorted<kFinishThreads>(s, kept, 0, target, /*by_mass=*/true, row_max, sh.reduce));
+  }
+  ArgMaxPair best{-kInfF, INT64_MAX};
+  uint64_t my_mass = 0;
+  for (int i = threadIdx.x; i < kept; i += kFinishThreads) {
+    const int64_t j = s.sort.index[i];
+    const float z = KeyToFloat(s.sort.key[i]);
+    const ArgMaxPair scored{z + GumbelNoise(params.seed, params.position,
+                                            static_cast<uint64_t>(j)), j};
+    if (Better(scored, best)) best = scored;
+    my_mass += FixedMass(z, row_max);
+  }
+  *mass = BlockReduce<kFinishThreads>::SumU64(sh.reduce, my_mass);
+  *count = static_cast<uint64_t>(kept);
+  *threshold = s.sort.key[kept - 1];
+  best = BlockReduce<kFinishThreads>::ArgMax(sh.reduce, best);
+  return best.index;
+}
+
+// Which tokens have a finite logprob (the "eligible" ones) and what it is.
+struct LogprobView {
+  bool point_mass = false;  // only `token`, logprob 0
+  float temperature = 1.0f;  // eligible: z = x / temperature > -inf and key(z) >= lo
+  uint32_t lo = 0;
+  bool constant = false;  // every eligible token has logprob `value_constant`
+  double value_constant = 0.0;
+  double row_max = 0.0;  // else logprob = (z - row_max) - log_sum
+  double log_sum = 0.0;
+  uint64_t eligible = 0;
+};
+
+template <DType kDType, class Source>
+__device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void* row_ptr,
+                              const Source& source, const LogprobView& view, int64_t token,
+                              FinishShared& sh) {
+  using Reduce = BlockReduce<kFinishThreads>;
+  const RowSource<kDType> row_source{row_ptr, p.vocab, view.temperature};
+  auto eligible = [&](int64_t j) {
+    if (view.point_mass) return j == token;
+    const float z = row_source.Z(j);
+    return z > -kInfF && OrderedKey(z) >= view.lo;
+  };
+  auto value = [&](float z) -> float {
+    if (view.point_mass) return 0.0f;
+    if (view.constant) return static_cast<float>(view.value_constant);
+    return static_cast<float>((static_cast<double>(z) - view.row_max) - view.log_sum);
+  };
+
+  // The sampled token's logprob and rank (1 + the eligible tokens strictly above it).
+  const float token_z = row_source.Z(token);
+  uint64_t above = 0;
+  if (!view.point_mass) {
+    const uint32_t token_key = OrderedKey(token_z);
+    uint64_t mine = 0;
+    source.ForEach([&](uint32_t key, int64_t, float) { mine += key >= view.lo && key > token_key; });
+    above = Reduce::SumU64(sh.reduce, mine);
+  }
+  if (threadIdx.x == 0) {
+    if (p.sampled_logprob != nullptr) p.sampled_logprob[row] = value(token_z);
+    if (p.sampled_rank != nullptr) p.sampled_rank[row] = 1 + static_cast<int64_t>(above);
+  }
+  const int32_t n = p.top_logprobs;
+  if (n <= 0) return;
+  int32_t* out_ids = p.top_ids + row * n;
+  float* out_values = p.top_values + row * n;
+
+  // The top `listed` eligible tokens, by key descending then index ascending.
+  const int listed = static_cast<int>(view.eligible < static_cast<uint64_t>(n) ? view.eligible : n);
+  SelectStorage& s = sh.select;
+  if (view.point_mass) {
+    if (threadIdx.x == 0) {
+      out_ids[0] = static_cast<int32_t>(token);
+      out_values[0] = 0.0f;
+    }
+  } else if (listed > 0) {
+    const uint32_t t = SelectThreshold<kFinishThreads>(source, view.lo, false, 0.0f, 0.0, -1.0,
+                                                       static_cast<double>(listed), s,
+                                                       sh.reduce);
+    if (threadIdx.x == 0) s.collected = 0;
+    __syncthreads();
+    source.ForEach([&](uint32_t key, int64_t j, float) {
+      if (key < t) return;
+      const uint32_t slot = atomicAdd(&s.collected, 1u);
+      if (slot < static_cast<uint32_t>(kSortCap)) {
+        s.sort.key[slot] = key;
+        s.sort.index[slot] = static_cast<int32_t>(j);
+      }
+    });
+    __syncthreads();
+    int collected = static_cast<int>(s.collected);
+    __syncthreads();
+    if (collected > kSortCap) {
+      // Many tokens tie at t: take those above it, then the lowest indices of the tie.
+      if (threadIdx.x == 0) s.collected = 0;
+      __syncthreads();
+      source.ForEach([&](uint32_t key, int64_t j, float) {
+        if (key <= t) return;
+        const uint32_t slot = atomicAdd(&s.collected, 1u);
+        s.sort.key[slot] = key;
+        s.sort.index[slot] = static_cast<int32_t>(j);
+      });
+      __syncthreads();
+      const int strictly_above = static_cast<int>(s.collected);
+      OrderedFirst(
+          p.vocab, listed - strictly_above,
+          [&](int64_t j) { return eligible(j) && OrderedKey(row_source.Z(j)) == t; },
+          [&](int64_t slot, int64_t j) {
+            s.sort.key[strictly_above + slot] = t;
+            s.sort.index[strictly_above + slot] = static_cast<int32_t>(j);
+          },
+          sh);
+      __syncthreads();
+      collected = listed;
+    }
+    SortDescending<kFinishThreads>(s, collected);
+    for (int i = threadIdx.x; i < listed; i += kFinishThreads) {
+      out_ids[i] = s.sort.index[i];
+      out_values[i] = value(KeyToFloat(s.sort.key[i]));
+    }
+    __syncthreads();
+  }
+  // Then tokens with logprob -inf, lowest index first, then -1 past the vocabulary.
+  const int filled = view.point_mass ? 1 : listed;
+  if (filled < n) {
+    OrderedFirst(
+        p.vocab, n - filled, [&](int64_t j) { return !eligible(j); },
+        [&](int64_t slot, int64_t j) {
+          out_ids[filled + slot] = static_cast<int32_t>(j);
+          out_values[filled + slot] = -kInfF;
+        },
+        sh);
+    const int64_t ineligible = p.vocab - static_cast<int64_t>(view.point_mass ? 1 : view.eligible);
+    const int64_t real = filled + (ineligible < n - filled ? ineligible : n - filled);
+    for (int64_t i = real + threadIdx.x; i < n; i += kFinishThreads) {
+      out_ids[i] = -1;
+      out_values[i] = -kInfF;
+    }
+  }
+}
+
+template <DType kDType>
+__global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
+  __shared__ FinishShared sh;
+  const int64_t row = blockIdx.x;
+  const RowParams params = p.params[p.params_count == 1 ? 0 : row];
+  const ChunkStats* stats = p.stats + row * p.chunks;
+  for (int c = threadIdx.x; c < p.chunks; c += kFinishThreads) sh.staged[c] = stats[c];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sh.summary = CombineChunks(sh.staged, p.chunks);
+    uint32_t offset = 0;
+    for (int c = 0; c < p.chunks; ++c) {
+      sh.candidate_offset[c] = offset;
+      offset += sh.staged[c].candidates;
+    }
+    sh.candidate_offset[p.chunks] = offset;
+  }
+  __syncthreads();
+  const RowSummary summary = sh.summary;
+  const size_t elem = kDType == DType::kFp32 ? 4 : 2;
+  const void* row_ptr = static_cast<const char*>(p.logits) + row * p.row_stride * elem;
+
+  RowStatus status = RowStatus::kOk;
+  if (summary.nan_count > 0) {
+    status = RowStatus::kNan;
+  } else if (summary.not_neg_inf_x == 0) {
+    status = RowStatus::kNoFinite;
+  }
+  if (status != RowStatus::kOk) {
+    if (threadIdx.x == 0) {
+      p.token_ids[row] = -1;
+      p.status[row] = status;
+      if (p.top_logprobs >= 0) {
+        if (p.sampled_logprob != nullptr) p.sampled_logprob[row] = -kInfF;
+        if (p.sampled_rank != nullptr) p.sampled_rank[row] = 0;
+      }
+    }
+    for (int i = threadIdx.x; i < p.top_logprobs; i += kFinishThreads) {
+      p.top_ids[row * p.top_logprobs + i] = -1;
+      p.top_values[row * p.top_logprobs + i] = -kInfF;
+    }
+    return;
+  }
+
+  const RowSource<kDType> z_source{row_ptr, p.vocab, params.temperature};
+  const CandidateSource candidates{p.candidate_key + row * p.chunks * kCandidateCap,
+                                   p.candidate_index + row * p.chunks * kCandidateCap, stats,
+                                   p.chunks};
+  const bool use_candidates = UsesCandidates(params, p.vocab) && summary.candidates_ok;
+  DrawKind kind = DrawKind::kFiltered;
+  int64_t token = summary.argmax_x;
+  uint32_t threshold = 0;
+  uint64_t mass = 0, count = 0;
+  if (IsGreedy(params)) {
+    kind = DrawKind::kPointMass;
+  } else if (summary.pos_inf_z > 0) {
+    // Uniform over the +inf entries (the limit of the tempered distribution).
+    kind = DrawKind::kInfinite;
+    token = GumbelDraw(z_source, OrderedKey(kInfF), /*noise_only=*/true, 0.0f, params, sh, &mass,
+                       &count);
+  } else if (!(summary.max_z > -kInfF)) {
+    kind = DrawKind::kPointMass;  // every finite x / T underflowed to -inf: argmax of x
+  } else if (DrawsInChunkPass(params, p.vocab) &&
+             !(p.top_logprobs >= 0 && p.logprob_source == LogprobSource::kProcessed)) {
+    token = summary.drawn.index;  // drawn in the chunk pass; no survivor mass needed
+  } else if (use_candidates && summary.candidate_total <= static_cast<uint32_t>(kSortCap)) {
+    token = SortedCandidatesDraw(p, row, params, summary, sh, &threshold, &mass, &count);
+  } else if (use_candidates) {
+    token = FilterAndDraw(candidates, params, p.vocab, summary, sh, &threshold, &mass, &count);
+  } else {
+    token = FilterAndDraw(z_source, params, p.vocab, summary, sh, &threshold, &mass, &count);
+  }
+  if (threadIdx.x == 0) {
+    p.token_ids[row] = static_cast<int32_t>(token);
+    p.status[row] = RowStatus::kOk;
+  }
+  if (p.top_logprobs < 0) return;
+
+  LogprobView view;
+  if (p.logprob_source == LogprobSource::kRaw) {
+    view.temperature = 1.0f;
+    if (summary.pos_inf_x > 0) {
+      view.lo = OrderedKey(kInfF);
+      view.constant = true;
+      view.value_constant = -log(static_cast<double>(summary.pos_inf_x));
+      view.eligible = summary.pos_inf_x;
+    } else {
+      view.row_max = summary.max_x;
+      view.log_sum = log(static_cast<double>(summary.sum_exp_x));
+      view.eligible = summary.not_neg_inf_x;
+    }
+    const RowSource<kDType> x_source{row_ptr, p.vocab, 1.0f};
+    WriteLogprobs<kDType>(p, row, row_ptr, x_source, view, token, sh);
+    return;
+  }
+  view.temperature = params.temperature;
+  switch (kind) {
+    case DrawKind::kPointMass:
+      view.point_mass = true;
+      view.eligible = 1;
+      break;
+    case DrawKind::kInfinite:
+      view.lo = OrderedKey(kInfF);
+      view.constant = true;
+      view.value_constant = -log(static_cast<double>(summary.pos_inf_z));
+      view.eligible = summary.pos_inf_z;
+      break;
+    case DrawKind::kFiltered:
+      view.lo = threshold;
+      view.row_max = summary.max_z;
+      view.log_sum = log(static_cast<double>(mass) / static_cast<double>(kMassScale));
+      view.eligible = count;
+      break;
+  }
+  if (kind == DrawKind::kFiltered && use_candidates) {
+    WriteLogprobs<kDType>(p, row, row_ptr, candidates, view, token, sh);
+  } else {
+    WriteLogprobs<kDType>(p, row, row_ptr, z_source, view, token, sh);
+  }
+}
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+int ChunksPerRow(int64_t vocab) { return static_cast<int>((vocab + kChunk - 1) / kChunk); }
+
+template <DType kDType>
+int Launch(const SampleArgs& args, ChunkPassParams chunk, RowFinishParams finish,
+           hipStream_t stream) {
+  const dim3 chunk_grid(static_cast<unsigned>(chunk.chunks), static_cast<unsigned>(args.batch));
+  ChunkPassKernel<kDType><<<chunk_grid, kChunkThreads, 0, stream>>>(chunk);
+  RowFinishKernel<kDType><<<static_cast<unsigned>(args.batch), kFinishThreads, 0, stream>>>(
+      finish);
+  return static_cast<int>(hipGetLastError());
+}
+
+}  // namespace
+
+size_t SampleWorkspaceBytes(int64_t batch, int64_t vocab, int32_t) {
+  const size_t slots = static_cast<size_t>(batch) * ChunksPerRow(vocab);
+  return AlignUp(slots * sizeof(ChunkStats)) + 2 * AlignUp(slots * kCandidateCap * 4);
+}
+
+int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stream stream) {
+  if (args.batch <= 0 || args.batch > 65535 || args.vocab <= 0 ||
+      ChunksPerRow(args.vocab) > kMaxStagedChunks ||
+      args.row_stride < args.vocab || args.top_logprobs > kMaxGpuTopLogprobs ||
+      (args.params_count != 1 && args.params_count != args.batch) ||
+      workspace_bytes < SampleWorkspaceBytes(args.batch, args.vocab, args.top_logprobs)) {
+    return static_cast<int>(hipErrorInvalidValue);
+  }
+  const int chunks = ChunksPerRow(args.vocab);
+  const size_t slots = static_cast<size_t>(args.batch) * chunks;
+  char* ws = static_cast<char*>(workspace);
+  auto* stats = reinterpret_cast<ChunkStats*>(ws);
+  ws += AlignUp(slots * sizeof(ChunkStats));
+  auto* candidate_key = reinterpret_cast<uint32_t*>(ws);
+  ws += AlignUp(slots * kCandidateCap * 4);
+  auto* candidate_index = reinterpret_cast<int32_t*>(ws);
+
+  const bool raw = args.top_logprobs >= 0 && args.logprob_source == LogprobSource::kRaw;
+  const ChunkPassParams chunk{args.logits, args.vocab,   args.row_stride, args.params,
+                              args.params_count, chunks, raw,  stats,
+                              candidate_key,     candidate_index};
+  const RowFinishParams finish{args.logits,      args.vocab,        args.row_stride,
+                               args.params,      args.params_count, chunks,
+                               stats,            candidate_key,     candidate_index,
+                               args.top_logprobs, args.logprob_source, args.token_ids,
+                               args.status,      args.sampled_logprob, args.sampled_rank,
+                               args.top_ids,     args.top_values};
+  auto* s = static_cast<hipStream_t>(stream);
+  switch (args.dtype) {
+    case DType::kFp32:
+      return Launch<DType::kFp32>(args, chunk, finish, s);
+    case DType::kFp16:
+      return Launch<DType::kFp16>(args, chunk, finish, s);
+    case DType::kBf16:
+      return Launch<DType::kBf16>(args, chunk, finish, s);
+  }
+  return static_cast<int>(hipErrorInvalidValue);
+}
+
+}  // namespace samplerd::kernels::gpu

@@ -1,0 +1,251 @@
+#include "service/core/gpu_backend.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/gpu/runtime.h"
+#include "service/core/status_macros.h"
+#include "service/core/validation.h"
+
+namespace samplerd::core {
+namespace {
+
+namespace gpu = kernels::gpu;
+
+// Sub-buffers start on this boundary (coalesced access, any element type).
+constexpr size_t kAlign = 256;
+// Buffers grow in steps of this, so that slowly growing requests do not reallocate each time.
+constexpr size_t kGrowStep = size_t{2} << 20;
+// Logits are staged and sent in chunks of this: the host copies chunk i + 1 into pinned
+// memory while the DMA engine sends chunk i.
+constexpr size_t kStageChunk = size_t{8} << 20;
+
+size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Where each output lives inside the output block (device and pinned copies alike).
+struct OutputLayout {
+  size_t token_ids = 0;        // int32 [B]
+  size_t status = 0;           // RowStatus [B]
+  size_t sampled_logprob = 0;  // float [B]            (logprobs only)
+  size_t sampled_rank = 0;     // int64 [B]            (logprobs only)
+  size_t top_ids = 0;          // int32 [B, N]         (logprobs only)
+  size_t top_values = 0;       // float [B, N]         (logprobs only)
+  size_t bytes = 0;
+
+  static OutputLayout For(int64_t batch, int32_t top_logprobs) {
+    const size_t b = static_cast<size_t>(batch);
+    OutputLayout l;
+    size_t at = 0;
+    auto take = [&at](size_t bytes) {
+      const size_t offset = at;
+      at = AlignUp(at + bytes, kAlign);
+      return offset;
+    };
+    l.token_ids = take(b * sizeof(int32_t));
+    l.status = take(b * sizeof(kernels::RowStatus));
+    if (top_logprobs >= 0) {
+      const size_t n = static_cast<size_t>(top_logprobs);
+      l.sampled_logprob = take(b * sizeof(float));
+      l.sampled_rank = take(b * sizeof(int64_t));
+      l.top_ids = take(b * n * sizeof(int32_t));
+      l.top_values = take(b * n * sizeof(float));
+    }
+    l.bytes = at;
+    return l;
+  }
+};
+
+template <typename T>
+T* At(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+}  // namespace
+
+std::vector<DeviceInfo> ListGpuDevices(std::string* why_none) {
+  std::string why;
+  std::vector<DeviceInfo> out;
+  for (const gpu::DeviceProperties& p : gpu::ListDevices(&why)) {
+    DeviceInfo d;
+    d.ordinal = p.ordinal;
+    d.pci_bus_id = p.pci_bus_id;
+    d.uuid = p.uuid;
+    d.name = p.name;
+    d.ipc_memory = p.ipc_memory;
+    d.ipc_events = p.ipc_events;
+    out.push_back(std::move(d));
+  }
+  if (out.empty()) {
+    *why_none = absl::StrCat(gpu::RuntimeName(), " runtime: ", why.empty() ? "no devices" : why);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<GpuSampler>> GpuSampler::Create(int ordinal) {
+  std::string why;
+  std::vector<DeviceInfo> devices = ListGpuDevices(&why);
+  const auto it = std::find_if(devices.begin(), devices.end(),
+                               [ordinal](const DeviceInfo& d) { return d.ordinal == ordinal; });
+  if (it == devices.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(gpu::RuntimeName(), " device ", ordinal, " is not among the ", devices.size(),
+                     " devices listed", why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
+  }
+  const std::string name =
+      absl::StrCat(gpu::RuntimeName(), " device ", ordinal, " (", it->pci_bus_id, ")");
+  const int set = gpu::SetDevice(ordinal);
+  if (set != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": making it current failed: ", gpu::ErrorString(set)));
+  }
+  gpu::Stream stream = nullptr;
+  const int created = gpu::StreamCreate(&stream);
+  if (created != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": creating a stream failed: ", gpu::ErrorString(created)));
+  }
+  return std::unique_ptr<GpuSampler>(new GpuSampler(std::move(*it), stream));
+}
+
+GpuSampler::GpuSampler(DeviceInfo device, gpu::Stream stream)
+    : device_(std::move(device)), stream_(stream) {}
+
+GpuSampler::~GpuSampler() {
+  (void)gpu::SetDevice(device_.ordinal);
+  (void)gpu::StreamSynchronize(stream_);
+  for (Buffer* b : {&pinned_in_, &device_in_, &device_out_, &pinned_out_, &workspace_}) {
+    Release(b);
+  }
+  (void)gpu::StreamDestroy(stream_);
+}
+
+void GpuSampler::Release(Buffer* buffer) {
+  if (buffer->ptr != nullptr) {
+    (void)(buffer->pinned ? gpu::PinnedFree(buffer->ptr) : gpu::DeviceFree(buffer->ptr));
+  }
+  buffer->ptr = nullptr;
+  buffer->bytes = 0;
+}
+
+absl::Status GpuSampler::Reserve(Buffer* buffer, size_t bytes, absl::string_view what) {
+  if (bytes <= buffer->bytes) return absl::OkStatus();
+  // The stream is idle here (every Sample ends with a synchronize), so the old buffer can go.
+  Release(buffer);
+  const size_t want = AlignUp(bytes, kGrowStep);
+  const int code = buffer->pinned ? gpu::PinnedMalloc(&buffer->ptr, want)
+                                  : gpu::DeviceMalloc(&buffer->ptr, want);
+  if (code != 0) {
+    // Out of memory is not a fault: clear the error and let smaller requests go on. A real
+    // fault shows up again at the next copy or launch.
+    (void)gpu::LastError();
+    buffer->ptr = nullptr;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "expected ", want, " bytes of ", buffer->pinned ? "pinned host" : "device", " memory for ",
+        what, " on GPU ", device_.pci_bus_id, ", got ", gpu::ErrorString(code)));
+  }
+  buffer->bytes = want;
+  return absl::OkStatus();
+}
+
+absl::Status GpuSampler::Check(int code, absl::string_view what) {
+  if (code == 0) return absl::OkStatus();
+  const std::string message = absl::StrCat(what, ": ", gpu::ErrorString(code));
+  if (!faulted_) {
+    faulted_ = true;
+    fault_ = message;
+  }
+  (void)gpu::LastError();
+  return absl::InternalError(absl::StrCat("GPU ", device_.pci_bus_id, ": ", message));
+}
+
+absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const void* host_logits,
+                                SampleResult* result) {
+  if (faulted_) {
+    return absl::UnavailableError(absl::StrCat("the GPU backend on ", device_.pci_bus_id,
+                                               " faulted earlier (", fault_,
+                                               "); samplerd needs a restart"));
+  }
+  const int64_t b = batch.batch;
+  const int32_t n = batch.top_logprobs;
+  const size_t logits_bytes =
+      static_cast<size_t>(InlineBytes(batch.dtype, b, batch.vocab, batch.row_stride));
+  const size_t params_offset = AlignUp(logits_bytes, kAlign);
+  const size_t params_bytes = batch.params.size() * sizeof(kernels::RowParams);
+  const size_t input_bytes = params_offset + params_bytes;
+  const OutputLayout out = OutputLayout::For(b, n);
+  const size_t workspace_bytes = gpu::SampleWorkspaceBytes(b, batch.vocab, n);
+
+  RETURN_IF_ERROR(Check(gpu::SetDevice(device_.ordinal), "selecting the device"));
+  RETURN_IF_ERROR(Reserve(&pinned_in_, input_bytes, "staging the logits"));
+  RETURN_IF_ERROR(Reserve(&device_in_, input_bytes, "the logits"));
+  RETURN_IF_ERROR(Reserve(&device_out_, out.bytes, "the outputs"));
+  RETURN_IF_ERROR(Reserve(&pinned_out_, out.bytes, "staging the outputs"));
+  RETURN_IF_ERROR(Reserve(&workspace_, workspace_bytes, "the kernels' workspace"));
+
+  // Inputs: the logits in chunks (host copy of the next chunk overlaps the DMA of this one),
+  // then the parameters.
+  const char* src = static_cast<const char*>(host_logits);
+  for (size_t at = 0; at < logits_bytes; at += kStageChunk) {
+    const size_t len = std::min(kStageChunk, logits_bytes - at);
+    std::memcpy(At<char>(pinned_in_.ptr, at), src + at, len);
+    RETURN_IF_ERROR(Check(
+        gpu::CopyToDevice(At<char>(device_in_.ptr, at), At<char>(pinned_in_.ptr, at), len, stream_),
+        "copying the logits to the device"));
+  }
+  std::memcpy(At<char>(pinned_in_.ptr, params_offset), batch.params.data(), params_bytes);
+  RETURN_IF_ERROR(
+      Check(gpu::CopyToDevice(At<char>(device_in_.ptr, params_offset),
+                              At<char>(pinned_in_.ptr, params_offset), params_bytes, stream_),
+            "copying the parameters to the device"));
+
+  kernels::SampleArgs args;
+  args.logits = device_in_.ptr;
+  args.dtype = batch.dtype;
+  args.batch = b;
+  args.vocab = batch.vocab;
+  args.row_stride = batch.row_stride;
+  args.params = At<const kernels::RowParams>(device_in_.ptr, params_offset);
+  args.params_count = static_cast<int64_t>(batch.params.size());
+  args.top_logprobs = n;
+  args.logprob_source = batch.logprob_source;
+  args.token_ids = At<int32_t>(device_out_.ptr, out.token_ids);
+  args.status = At<kernels::RowStatus>(device_out_.ptr, out.status);
+  if (n >= 0) {
+    args.sampled_logprob = At<float>(device_out_.ptr, out.sampled_logprob);
+    args.sampled_rank = At<int64_t>(device_out_.ptr, out.sampled_rank);
+    args.top_ids = At<int32_t>(device_out_.ptr, out.top_ids);
+    args.top_values = At<float>(device_out_.ptr, out.top_values);
+  }
+  RETURN_IF_ERROR(Check(gpu::Sample(args, workspace_.ptr, workspace_bytes, stream_),
+                        "launching the sampling kernels"));
+  RETURN_IF_ERROR(Check(gpu::CopyToHost(pinned_out_.ptr, device_out_.ptr, out.bytes, stream_),
+                        "copying the outputs to the host"));
+  RETURN_IF_ERROR(Check(gpu::StreamSynchronize(stream_), "sampling"));
+
+  const int32_t* token_ids = At<const int32_t>(pinned_out_.ptr, out.token_ids);
+  const kernels::RowStatus* status = At<const kernels::RowStatus>(pinned_out_.ptr, out.status);
+  result->token_ids.assign(token_ids, token_ids + b);
+  result->row_status.assign(status, status + b);
+  if (n >= 0) {
+    const float* sampled_logprob = At<const float>(pinned_out_.ptr, out.sampled_logprob);
+    const int64_t* sampled_rank = At<const int64_t>(pinned_out_.ptr, out.sampled_rank);
+    const int32_t* top_ids = At<const int32_t>(pinned_out_.ptr, out.top_ids);
+    const float* top_values = At<const float>(pinned_out_.ptr, out.top_values);
+    result->logprobs.resize(b);
+    for (int64_t r = 0; r < b; ++r) {
+      RowLogprobs& lp = result->logprobs[r];
+      lp.sampled_logprob = sampled_logprob[r];
+      lp.sampled_rank = sampled_rank[r];
+      lp.top_ids.assign(top_ids + r * n, top_ids + (r + 1) * n);
+      lp.top_values.assign(top_values + r * n, top_values + (r + 1) * n);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace samplerd::core

@@ -1,0 +1,77 @@
+// The GPU backend: kernels/gpu on one device (HIP or CUDA, whichever this build has).
+//
+// Compiled only when the build has a GPU backend (SAMPLERD_HAVE_GPU). Buffers grow to the
+// largest request seen and are reused afterwards, so a request no larger than an earlier one
+// allocates nothing.
+#ifndef SAMPLERD_SERVICE_CORE_GPU_BACKEND_H_
+#define SAMPLERD_SERVICE_CORE_GPU_BACKEND_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/gpu/gpu_sampler.h"
+#include "service/core/sampler.h"
+
+namespace samplerd::core {
+
+// The devices the GPU runtime lists, as GetServerInfo reports them. Never fails: without a
+// driver or a device the list is empty and *why_none (not null) says why, naming the runtime.
+std::vector<DeviceInfo> ListGpuDevices(std::string* why_none);
+
+class GpuSampler final : public Sampler {
+ public:
+  // Brings up the device with runtime ordinal `ordinal` (as ListGpuDevices numbers them): makes
+  // it current on the calling thread and creates a non-blocking stream. Errors:
+  // FAILED_PRECONDITION when there is no such device or the runtime cannot use it.
+  static absl::StatusOr<std::unique_ptr<GpuSampler>> Create(int ordinal);
+
+  // Waits for the stream and frees the buffers; runtime errors are ignored.
+  ~GpuSampler() override;
+  GpuSampler(const GpuSampler&) = delete;
+  GpuSampler& operator=(const GpuSampler&) = delete;
+
+  // Stages `host_logits` through pinned memory, samples on the device and waits for the
+  // result. Errors: RESOURCE_EXHAUSTED when device or pinned memory for a new, larger request
+  // cannot be allocated (the sampler stays usable); INTERNAL with the runtime's message for
+  // any other runtime error, after which the sampler is faulted and every later call fails
+  // with UNAVAILABLE (the GPU context may be lost: restart the process).
+  absl::Status Sample(const ValidatedBatch& batch, const void* host_logits,
+                      SampleResult* result) override;
+
+  BackendKind kind() const override { return BackendKind::kGpu; }
+  const DeviceInfo& device() const override { return device_; }
+
+ private:
+  // Memory that only grows. `pinned` selects page-locked host memory, else device memory.
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    bool pinned = false;
+  };
+
+  GpuSampler(DeviceInfo device, kernels::gpu::Stream stream);
+
+  // Makes `buffer` hold at least `bytes`, reallocating only when it is smaller.
+  absl::Status Reserve(Buffer* buffer, size_t bytes, absl::string_view what);
+  static void Release(Buffer* buffer);
+  // Returns OK for code 0; otherwise marks the sampler faulted and returns INTERNAL.
+  absl::Status Check(int code, absl::string_view what);
+
+  const DeviceInfo device_;
+  kernels::gpu::Stream stream_ = nullptr;
+  Buffer pinned_in_{nullptr, 0, true};   // [logits | params], filled by the host
+  Buffer device_in_;                     // the same layout on the device
+  Buffer device_out_;                    // outputs (OutputLayout in gpu_backend.cc)
+  Buffer pinned_out_{nullptr, 0, true};  // the outputs copied back
+  Buffer workspace_;                     // kernels::gpu::SampleWorkspaceBytes
+  bool faulted_ = false;
+  std::string fault_;  // what failed first, for the UNAVAILABLE message
+};
+
+}  // namespace samplerd::core
+
+#endif  // SAMPLERD_SERVICE_CORE_GPU_BACKEND_H_

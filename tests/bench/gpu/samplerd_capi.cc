@@ -1,0 +1,67 @@
+// A C ABI over the GPU sampler for the kernel benchmark (bench_kernels.py loads it with ctypes
+// and calls it on PyTorch tensors, so ours and the PyTorch baseline read the same memory in
+// the same process). Not part of the server.
+#include <cstdint>
+#include <vector>
+
+#include "kernels/common/sampling_types.h"
+#include "kernels/gpu/gpu_sampler.h"
+#include "kernels/gpu/runtime.h"
+
+using samplerd::kernels::DType;
+using samplerd::kernels::RowParams;
+using samplerd::kernels::RowStatus;
+using samplerd::kernels::SampleArgs;
+using samplerd::kernels::TopPMode;
+namespace gpu = samplerd::kernels::gpu;
+
+extern "C" {
+
+// Device bytes of one RowParams (the params buffer holds `batch` of them).
+int64_t samplerd_row_params_bytes() { return sizeof(RowParams); }
+
+size_t samplerd_workspace_bytes(int64_t batch, int64_t vocab, int32_t top_logprobs) {
+  return gpu::SampleWorkspaceBytes(batch, vocab, top_logprobs);
+}
+
+// Writes `batch` RowParams from host arrays into device memory at `device_params`.
+int samplerd_write_params(int64_t batch, const float* temperature, const int32_t* top_k,
+                          const float* top_p, const float* min_p, const uint8_t* joint,
+                          const uint64_t* seed, const uint64_t* position, void* device_params) {
+  std::vector<RowParams> params(batch);
+  for (int64_t i = 0; i < batch; ++i) {
+    params[i].temperature = temperature[i];
+    params[i].top_k = top_k[i];
+    params[i].top_p = top_p[i];
+    params[i].min_p = min_p[i];
+    params[i].top_p_mode = joint[i] ? TopPMode::kJoint : TopPMode::kTopKFirst;
+    params[i].seed = seed[i];
+    params[i].position = position[i];
+  }
+  int err = gpu::CopyToDevice(device_params, params.data(), params.size() * sizeof(RowParams),
+                              nullptr);
+  if (err == 0) err = gpu::StreamSynchronize(nullptr);
+  return err;
+}
+
+// Samples a dense [batch, vocab] tensor (dtype 0 fp32, 1 fp16, 2 bf16) on `stream`; all
+// pointers are device memory. Returns the runtime error code (0 = success).
+int samplerd_sample(const void* logits, int dtype, int64_t batch, int64_t vocab,
+                    const void* device_params, int32_t* token_ids, uint8_t* status,
+                    void* workspace, size_t workspace_bytes, void* stream) {
+  SampleArgs args;
+  args.logits = logits;
+  args.dtype = static_cast<DType>(dtype);
+  args.batch = batch;
+  args.vocab = vocab;
+  args.row_stride = vocab;
+  args.params = static_cast<const RowParams*>(device_params);
+  args.params_count = batch;
+  args.token_ids = token_ids;
+  args.status = reinterpret_cast<RowStatus*>(status);
+  return gpu::Sample(args, workspace, workspace_bytes, stream);
+}
+
+const char* samplerd_error_string(int code) { return gpu::ErrorString(code); }
+
+}  // extern "C"

@@ -1,0 +1,185 @@
+#include "tests/gpu/gpu_test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/cpu/cpu_sampler.h"
+#include "kernels/cpu/half_float.h"
+#include "kernels/gpu/gpu_sampler.h"
+#include "kernels/gpu/runtime.h"
+
+namespace samplerd::kernels::testing {
+namespace {
+
+uint16_t FloatToBf16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+uint16_t FloatToHalf(float v) {
+  const _Float16 h = static_cast<_Float16>(v);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+// Device buffer freed at scope exit.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) {
+    if (bytes > 0) {
+      EXPECT_EQ(gpu::DeviceMalloc(&ptr, bytes), 0) << bytes << " bytes";
+    }
+  }
+  ~DeviceBuffer() {
+    if (ptr != nullptr) gpu::DeviceFree(ptr);
+  }
+};
+
+template <typename T>
+void Upload(const std::vector<T>& v, DeviceBuffer& d, gpu::Stream s) {
+  if (!v.empty()) {
+    ASSERT_EQ(gpu::CopyToDevice(d.ptr, v.data(), v.size() * sizeof(T), s), 0);
+  }
+}
+
+template <typename T>
+void Download(DeviceBuffer& d, std::vector<T>& v, gpu::Stream s) {
+  if (!v.empty()) {
+    ASSERT_EQ(gpu::CopyToHost(v.data(), d.ptr, v.size() * sizeof(T), s), 0);
+  }
+}
+
+}  // namespace
+
+void StoreValue(DType dtype, float v, uint8_t* out) {
+  switch (dtype) {
+    case DType::kFp32:
+      std::memcpy(out, &v, 4);
+      return;
+    case DType::kBf16: {
+      const uint16_t h = FloatToBf16(v);
+      std::memcpy(out, &h, 2);
+      return;
+    }
+    case DType::kFp16: {
+      const uint16_t h = FloatToHalf(v);
+      std::memcpy(out, &h, 2);
+      return;
+    }
+  }
+}
+
+float LoadValue(DType dtype, const uint8_t* row, int64_t i) {
+  if (dtype == DType::kFp32) {
+    float v;
+    std::memcpy(&v, row + i * 4, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, row + i * 2, 2);
+  return dtype == DType::kBf16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
+}
+
+void FillLogits(Batch& b, const std::string& kind, std::mt19937_64& rng) {
+  if (b.row_stride == 0) b.row_stride = b.vocab;
+  const int64_t elem = DTypeSize(b.dtype);
+  b.bytes.assign(static_cast<size_t>(b.batch * b.row_stride * elem), 0);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t r = 0; r < b.batch; ++r) {
+    const int64_t peak = static_cast<int64_t>(rng() % static_cast<uint64_t>(b.vocab));
+    for (int64_t j = 0; j < b.vocab; ++j) {
+      float v = kind == "peaked" ? normal(rng) + (j == peak ? 12.0f : 0.0f) : 3.0f * normal(rng);
+      StoreValue(b.dtype, v, &b.bytes[(r * b.row_stride + j) * elem]);
+    }
+  }
+}
+
+static void AllocateOutputs(const Batch& b, Outputs& o) {
+  o.tokens.assign(b.batch, -2);
+  o.status.assign(b.batch, RowStatus::kOk);
+  if (b.top_logprobs >= 0) {
+    o.sampled_logprob.assign(b.batch, 0.0f);
+    o.sampled_rank.assign(b.batch, -1);
+    o.top_ids.assign(b.batch * b.top_logprobs, -2);
+    o.top_values.assign(b.batch * b.top_logprobs, 0.0f);
+  }
+}
+
+static SampleArgs ArgsFor(const Batch& b) {
+  SampleArgs a;
+  a.dtype = b.dtype;
+  a.batch = b.batch;
+  a.vocab = b.vocab;
+  a.row_stride = b.row_stride == 0 ? b.vocab : b.row_stride;
+  a.params_count = static_cast<int64_t>(b.params.size());
+  a.top_logprobs = b.top_logprobs;
+  a.logprob_source = b.source;
+  return a;
+}
+
+Outputs RunCpu(const Batch& b) {
+  Outputs o;
+  AllocateOutputs(b, o);
+  SampleArgs a = ArgsFor(b);
+  a.logits = b.bytes.data();
+  a.params = b.params.data();
+  a.token_ids = o.tokens.data();
+  a.status = o.status.data();
+  if (b.top_logprobs >= 0) {
+    a.sampled_logprob = o.sampled_logprob.data();
+    a.sampled_rank = o.sampled_rank.data();
+    a.top_ids = o.top_ids.data();
+    a.top_values = o.top_values.data();
+  }
+  CpuSampleRows(a, 0, b.batch);
+  return o;
+}
+
+Outputs RunGpu(const Batch& b) {
+  Outputs o;
+  AllocateOutputs(b, o);
+  gpu::Stream stream = nullptr;
+  EXPECT_EQ(gpu::StreamCreate(&stream), 0);
+  {
+    SampleArgs a = ArgsFor(b);
+    DeviceBuffer logits(b.bytes.size()), params(b.params.size() * sizeof(RowParams));
+    DeviceBuffer tokens(b.batch * 4), status(b.batch), lp(o.sampled_logprob.size() * 4),
+        rank(o.sampled_rank.size() * 8), top_ids(o.top_ids.size() * 4),
+        top_values(o.top_values.size() * 4);
+    const size_t ws_bytes = gpu::SampleWorkspaceBytes(b.batch, b.vocab, b.top_logprobs);
+    DeviceBuffer ws(ws_bytes);
+    Upload(b.bytes, logits, stream);
+    Upload(b.params, params, stream);
+    a.logits = logits.ptr;
+    a.params = static_cast<const RowParams*>(params.ptr);
+    a.token_ids = static_cast<int32_t*>(tokens.ptr);
+    a.status = static_cast<RowStatus*>(status.ptr);
+    a.sampled_logprob = static_cast<float*>(lp.ptr);
+    a.sampled_rank = static_cast<int64_t*>(rank.ptr);
+    a.top_ids = static_cast<int32_t*>(top_ids.ptr);
+    a.top_values = static_cast<float*>(top_values.ptr);
+    const int err = gpu::Sample(a, ws.ptr, ws_bytes, stream);
+    EXPECT_EQ(err, 0) << gpu::ErrorString(err);
+    Download(tokens, o.tokens, stream);
+    Download(status, o.status, stream);
+    Download(lp, o.sampled_logprob, stream);
+    Download(rank, o.sampled_rank, stream);
+    Download(top_ids, o.top_ids, stream);
+    Download(top_values, o.top_values, stream);
+    const int sync = gpu::StreamSynchronize(stream);
+    EXPECT_EQ(sync, 0) << gpu::ErrorString(sync);
+  }
+  gpu::StreamDestroy(stream);
+  return o;
+}
+
+bool HaveGpu(std::string* why) {
+  return !gpu::ListDevices(why).empty();
+}
+
+}  // namespace samplerd::kernels::testing

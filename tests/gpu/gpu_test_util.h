@@ -1,0 +1,58 @@
+// Shared helpers of the GPU tests: random batches in every dtype, and one call that runs a batch
+// on the CPU reference and one that runs it on the GPU, with the same output layout.
+#ifndef SAMPLERD_TESTS_GPU_GPU_TEST_UTIL_H_
+#define SAMPLERD_TESTS_GPU_GPU_TEST_UTIL_H_
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/common/sampling_types.h"
+
+namespace samplerd::kernels::testing {
+
+// A batch in host memory, ready for either backend.
+struct Batch {
+  DType dtype = DType::kFp32;
+  int64_t batch = 0;
+  int64_t vocab = 0;
+  int64_t row_stride = 0;
+  std::vector<uint8_t> bytes;    // [batch, row_stride] elements of dtype
+  std::vector<RowParams> params;  // 1 or batch entries
+  int32_t top_logprobs = -1;
+  LogprobSource source = LogprobSource::kRaw;
+};
+
+// Outputs of one run, host memory.
+struct Outputs {
+  std::vector<int32_t> tokens;
+  std::vector<RowStatus> status;
+  std::vector<float> sampled_logprob;
+  std::vector<int64_t> sampled_rank;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_values;
+};
+
+// Storage bits of `v` in `dtype` (round to nearest even for the 16-bit types).
+void StoreValue(DType dtype, float v, uint8_t* out);
+// fp32 value of element i of a row in `dtype` storage.
+float LoadValue(DType dtype, const uint8_t* row, int64_t i);
+
+// Fills `b` (shape and dtype already set) with logits drawn as `kind`:
+// "randn3" (N(0,1) * 3) or "peaked" (N(0,1) plus +12 on one random token per row), rounded to
+// the dtype so both backends read identical values.
+void FillLogits(Batch& b, const std::string& kind, std::mt19937_64& rng);
+
+// Runs the CPU reference over every row.
+Outputs RunCpu(const Batch& b);
+// Runs the GPU kernels (device 0); fails the current test on a runtime error.
+Outputs RunGpu(const Batch& b);
+
+// True when a GPU is visible; *why says why not.
+bool HaveGpu(std::string* why);
+
+}  // namespace samplerd::kernels::testing
+
+#endif  // SAMPLERD_TESTS_GPU_GPU_TEST_UTIL_H_
