@@ -113,9 +113,8 @@ template <DType kDType>
 __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassParams p) {
   using Reduce = BlockReduce<kChunkThreads>;
   __shared__ typename Reduce::Storage reduce;
-  __shared__ uint32_t thread_max[kChunkThreads];
+  __shared__ uint32_t thread_max[kChunkThreads / 32];
   __shared__ uint32_t candidate_count;
-  __shared__ uint32_t threshold_shared;
 
   const int64_t row = blockIdx.y;
   const int chunk = blockIdx.x;
@@ -212,28 +211,36 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     sum_x = Reduce::Sum(reduce, sum_x);
   }
 
-  // Candidates for a small top-k: the threshold is the k-th largest of the 256 thread maxima,
-  // so at least k tokens are >= it (each of those threads holds one), and few more on random
-  // logits. The tokens >= it are appended in any order (RowFinishKernel sorts them).
+  // Candidates for a small top-k. Each group of 32 threads sorts its thread maxima (a bitonic
+  // sort in registers, logical width 32 on any wave size); the threshold is the smallest of the
+  // groups' m-th largest, m = ceil(k / groups). Every group then has m threads whose maximum
+  // is >= the threshold, so at least k tokens are >= it, and on random logits not many more.
+  // (The exact k-th of all 256 maxima cost ~40 instructions a token: NOTES.md v5.) The tokens
+  // >= it are appended in any order; RowFinishKernel sorts them.
   uint32_t total = 0;
   uint32_t overflow = 0;
   const bool collect = UsesCandidates(params, p.vocab) && (counts & 0xffff) == 0;
   if (collect) {
-    const uint32_t k = static_cast<uint32_t>(params.top_k);  // <= kMaxCandidateK = threads
-    const uint32_t mine = thread_max_z > -kInfF ? OrderedKey(thread_max_z) : 0u;
-    thread_max[threadIdx.x] = mine;
+    constexpr int kGroup = 32;
+    constexpr int kGroups = kChunkThreads / kGroup;
+    const uint32_t k = static_cast<uint32_t>(params.top_k);  // <= kMaxCandidateK
+    const uint32_t m = (k + kGroups - 1) / kGroups;           // <= kGroup
+    const int lane = static_cast<int>(threadIdx.x) % kGroup;
+    uint32_t v = thread_max_z > -kInfF ? OrderedKey(thread_max_z) : 0u;
+    for (int size = 2; size <= kGroup; size <<= 1) {
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        const uint32_t other = __shfl_xor(v, stride, kGroup);
+        const bool descending_block = (lane & size) == 0;
+        const bool lower = (lane & stride) == 0;
+        v = (lower == descending_block) ? max(v, other) : min(v, other);
+      }
+    }
+    if (lane == static_cast<int>(m) - 1) thread_max[threadIdx.x / kGroup] = v;
     if (threadIdx.x == 0) candidate_count = 0;
     __syncthreads();
-    uint32_t greater = 0, equal = 0;
-    for (int t = 0; t < kChunkThreads; ++t) {
-      const uint32_t other = thread_max[t];
-      greater += other > mine;
-      equal += other == mine;
-    }
-    if (greater < k && k <= greater + equal) threshold_shared = mine;  // the k-th largest
-    __syncthreads();
-    uint32_t threshold = threshold_shared;
-    if (threshold == 0) threshold = kNegInfKey + 1;  // fewer than k threads hold a finite z
+    uint32_t threshold = thread_max[0];
+    for (int g = 1; g < kGroups; ++g) threshold = min(threshold, thread_max[g]);
+    if (threshold == 0) threshold = kNegInfKey + 1;  // a group with fewer than m finite maxima
     const int64_t slot_base = (row * p.chunks + chunk) * static_cast<int64_t>(kCandidateCap);
     for_items([&](int64_t j, float v) {
       const float z = temper(v);
