@@ -1,6 +1,11 @@
 // samplerd: flags -> options, then parse -> init -> serve -> signal -> drain -> stop.
+//
+// Exit codes: 0 after SIGTERM/SIGINT and a drain; 2 when the flags are bad or startup fails;
+// 3 after a sticky backend fault (e.g. a GPU error that poisons the context), so that the
+// orchestrator restarts the process.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <limits>
@@ -10,6 +15,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -18,8 +24,10 @@
 #include "service/grpc/server.h"
 
 ABSL_FLAG(std::string, listen, "unix:///run/samplerd/samplerd.sock",
-          "Comma-separated gRPC listen addresses: unix:///abs/path.sock or HOST:PORT (port 0 "
-          "picks a free one). A unix socket's directory is created when missing.");
+          "Comma-separated gRPC listen addresses: unix:///abs/path.sock, unix:path.sock "
+          "(relative or absolute) or HOST:PORT (port 0 picks a free one). A unix socket's "
+          "missing directories are created (mode 0750) and the socket gets mode 0660 (owner and "
+          "group may connect).");
 ABSL_FLAG(std::string, backend, "auto",
           "Where sampling runs: auto (GPU when present, else CPU), cpu, or gpu (fail when no "
           "GPU is usable).");
@@ -30,9 +38,16 @@ ABSL_FLAG(int64_t, max_batch, 4096, "Largest batch size B accepted.");
 ABSL_FLAG(int64_t, max_vocab, 1 << 22, "Largest vocabulary size V accepted.");
 ABSL_FLAG(int32_t, max_top_logprobs, 64, "Largest LogprobOptions.top_n accepted.");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
-          "On SIGTERM/SIGINT: how long in-flight calls may take to finish (e.g. 10s, 500ms).");
+          "On SIGTERM/SIGINT or a backend fault: how long in-flight calls may take to finish "
+          "(e.g. 10s, 500ms).");
 
 namespace {
+
+constexpr int kExitStartupFailed = 2;
+constexpr int kExitBackendFault = 3;
+// Raised to ourselves by the core's on_fatal (on the executor thread) to wake the main thread's
+// sigwait. Sent from outside while the backend works, it is logged and ignored.
+constexpr int kFaultSignal = SIGUSR1;
 
 void Log(const std::string& line) {
   std::fprintf(stderr, "%s samplerd: %s\n",
@@ -42,7 +57,7 @@ void Log(const std::string& line) {
 
 int Fail(const std::string& what, const absl::Status& status) {
   Log(absl::StrCat(what, ": ", status.ToString()));
-  return 2;
+  return kExitStartupFailed;
 }
 
 absl::StatusOr<samplerd::core::CoreOptions> CoreOptionsFromFlags() {
@@ -61,8 +76,8 @@ absl::StatusOr<samplerd::core::CoreOptions> CoreOptionsFromFlags() {
   options.threads = absl::GetFlag(FLAGS_threads);
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message < 1024 || max_message > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected --max_message_bytes in [1024, 2147483647], got ", max_message));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --max_message_bytes in [1024, 2147483647], got ", max_message));
   }
   options.limits.max_message_bytes = max_message;
   options.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
@@ -76,6 +91,10 @@ absl::StatusOr<samplerd::core::CoreOptions> CoreOptionsFromFlags() {
   if (absl::GetFlag(FLAGS_grace_period) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("expected --grace_period >= 0");
   }
+  options.on_fatal = [](const absl::Status& status) {
+    Log(absl::StrCat("backend fault, stopping: ", status.ToString()));
+    kill(getpid(), kFaultSignal);  // async-signal-safe; only main's sigwait takes it
+  };
   return options;
 }
 
@@ -84,14 +103,18 @@ absl::StatusOr<samplerd::core::CoreOptions> CoreOptionsFromFlags() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "samplerd: samples the next token for LLM inference engines over gRPC.\n"
-      "Usage: samplerd [--listen=unix:///run/samplerd/samplerd.sock] [--backend=auto]");
+      "Usage: samplerd [--listen=unix:///run/samplerd/samplerd.sock] [--backend=auto]\n"
+      "Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad flags or startup failure, 3 backend fault "
+      "(restart the process).");
   absl::ParseCommandLine(argc, argv);
 
-  // Block the stop signals before gRPC starts threads, so that only sigwait() sees them.
+  // Block the stop signals before gRPC and the core start threads (they inherit the mask), so
+  // that only sigwait() below sees them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, kFaultSignal);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   absl::StatusOr<samplerd::core::CoreOptions> core_options = CoreOptionsFromFlags();
@@ -111,20 +134,30 @@ int main(int argc, char** argv) {
   Log(absl::StrCat("version ", info.version, ", backend ",
                    info.backend == samplerd::core::BackendKind::kGpu ? "gpu" : "cpu", " (",
                    info.devices.front().name, ")"));
-  (*server)->SetServing(true);
   Log(absl::StrCat("listening on ", absl::StrJoin((*server)->bound_addresses(), ", ")));
+  (*server)->SetServing(true);
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (true) {
+    sigwait(&stop_signals, &signal_number);
+    if (signal_number != kFaultSignal || (*core)->faulted()) break;
+    Log("SIGUSR1 ignored: samplerd raises it itself when the backend faults");
+  }
   const absl::Duration grace = absl::GetFlag(FLAGS_grace_period);
-  Log(absl::StrCat(signal_number == SIGTERM ? "SIGTERM" : "SIGINT", ": draining (grace ",
-                   absl::FormatDuration(grace), ")"));
+  Log(absl::StrCat(signal_number == SIGTERM  ? "SIGTERM"
+                   : signal_number == SIGINT ? "SIGINT"
+                                             : "backend fault",
+                   ": NOT_SERVING, draining (grace ", absl::FormatDuration(grace), ")"));
   (*server)->SetServing(false);
   const absl::Time deadline = absl::Now() + grace;
   (*server)->Shutdown(deadline);
   const bool drained = (*core)->Drain(deadline);
+  // Also a fault during a SIGTERM drain: the device needs a new process either way.
+  const bool faulted = (*core)->faulted();
   server->reset();
   core->reset();
-  Log(drained ? "stopped" : "stopped with work still in flight at the deadline");
-  return 0;
+  Log(absl::StrCat(
+      drained ? "stopped" : "stopped with work still in flight at the deadline",
+      faulted ? absl::StrCat(", exit code ", kExitBackendFault, " (backend fault)") : ""));
+  return faulted ? kExitBackendFault : 0;
 }

@@ -4,10 +4,13 @@
 #   deploy/local/run.sh [samplerd flags...]     e.g. --listen=unix:///tmp/s.sock --backend=cpu
 #
 # Installs missing dependencies first (deploy/local/install_deps.sh), prints where the server
-# listens and ready-to-paste `buf curl` calls, then execs build/default/service/samplerd.
-# Environment: SAMPLERD_PRESET=auto builds the best GPU backend into build/auto instead;
+# listens and ready-to-paste `buf curl` calls, then execs build/auto/service/samplerd.
+# The `auto` preset builds the GPU backend when nvcc (CUDA) or hipcc (ROCm) is installed, else
+# the CPU backend only; the server then samples on the GPU when one is present, else the CPU.
+# Environment: SAMPLERD_PRESET=default forces a CPU-only build in build/default;
 # SAMPLERD_SKIP_DEPS=1 skips the dependency check.
 set -euo pipefail
+export SAMPLERD_PRESET="${SAMPLERD_PRESET:-auto}"
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 

@@ -118,14 +118,10 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 
   const int64_t row = blockIdx.y;
   const int chunk = blockIdx.x;
-  const RowParams params = p.params[p.params_count == 1 ? 0 : row];
-  const bool greedy = IsGreedy(params);
-  const bool unit_temperature = params.temperature == 1.0f;  // z = x exactly: skip the divide
   const size_t elem = kDType == DType::kFp32 ? 4 : 2;
   const void* row_ptr = static_cast<const char*>(p.logits) + row * p.row_stride * elem;
   const int64_t begin = static_cast<int64_t>(chunk) * kChunk;
   const int64_t end = begin + kChunk < p.vocab ? begin + kChunk : p.vocab;
-  auto temper = [&](float v) { return unit_temperature ? v : v / params.temperature; };
 
   // Pass 1 holds the chunk in registers (every load in flight at once); later passes re-read
   // it from L1 group by group, so that x[] does not live across them (kept live, it was
@@ -135,6 +131,12 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   for (int g = 0; g < kItemsPerThread / 4; ++g) {
     LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
   }
+  // The row's parameters are read after the chunk's loads are issued, so that their latency
+  // overlaps (ncu v5: blocks stalled on this load before their first logits load).
+  const RowParams params = p.params[p.params_count == 1 ? 0 : row];
+  const bool greedy = IsGreedy(params);
+  const bool unit_temperature = params.temperature == 1.0f;  // z = x exactly: skip the divide
+  auto temper = [&](float v) { return unit_temperature ? v : v / params.temperature; };
   auto for_items = [&](auto&& f) {
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];

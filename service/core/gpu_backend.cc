@@ -60,6 +60,37 @@ struct OutputLayout {
   }
 };
 
+const char* DTypeName(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::kFp32:
+      return "fp32";
+    case kernels::DType::kFp16:
+      return "fp16";
+    case kernels::DType::kBf16:
+      return "bf16";
+  }
+  return "unknown dtype";
+}
+
+// Warm-up logits: `vocab` positive values rising with the column, so the argmax is the last
+// column. Positive IEEE floats order like their bit patterns, so the bits of 1.0 plus the
+// column index make such a row in any dtype without a conversion routine.
+std::vector<char> RisingLogits(kernels::DType dtype, int64_t batch, int64_t vocab) {
+  std::vector<char> bytes(static_cast<size_t>(batch * vocab * kernels::DTypeSize(dtype)));
+  for (int64_t i = 0; i < batch * vocab; ++i) {
+    const uint32_t column = static_cast<uint32_t>(i % vocab);
+    if (dtype == kernels::DType::kFp32) {
+      const uint32_t bits = 0x3f800000u + column;
+      std::memcpy(bytes.data() + i * 4, &bits, 4);
+    } else {
+      const uint16_t bits =
+          static_cast<uint16_t>((dtype == kernels::DType::kFp16 ? 0x3c00u : 0x3f80u) + column);
+      std::memcpy(bytes.data() + i * 2, &bits, 2);
+    }
+  }
+  return bytes;
+}
+
 template <typename T>
 T* At(void* base, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
@@ -161,6 +192,49 @@ absl::Status GpuSampler::Check(int code, absl::string_view what) {
   }
   (void)gpu::LastError();
   return absl::InternalError(absl::StrCat("GPU ", device_.pci_bus_id, ": ", message));
+}
+
+absl::Status GpuSampler::Warmup() {
+  constexpr int64_t kVocab = 16;
+  constexpr int32_t kTopK = 4;
+  for (kernels::DType dtype :
+       {kernels::DType::kFp32, kernels::DType::kBf16, kernels::DType::kFp16}) {
+    ValidatedBatch batch;
+    batch.dtype = dtype;
+    batch.batch = 2;
+    batch.vocab = kVocab;
+    batch.row_stride = kVocab;
+    kernels::RowParams greedy;
+    greedy.temperature = 0.0f;
+    kernels::RowParams top_k;
+    top_k.top_k = kTopK;
+    top_k.seed = 1;
+    batch.params = {greedy, top_k};
+    batch.seeds = {0, 1};
+    batch.top_logprobs = 1;
+    const std::vector<char> logits = RisingLogits(dtype, batch.batch, kVocab);
+    SampleResult result;
+    const absl::Status status = Sample(batch, logits.data(), &result);
+    const std::string what =
+        absl::StrCat("the ", DTypeName(dtype), " warm-up batch on GPU ", device_.pci_bus_id);
+    if (!status.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expected ", what, " to sample, got: ", status.message()));
+    }
+    const bool ok =
+        result.row_status.size() == 2 && result.row_status[0] == kernels::RowStatus::kOk &&
+        result.row_status[1] == kernels::RowStatus::kOk && result.token_ids[0] == kVocab - 1 &&
+        result.token_ids[1] >= kVocab - kTopK && result.token_ids[1] < kVocab;
+    if (!ok) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expected ", what, " to return tokens ", kVocab - 1, " (greedy) and ",
+                       kVocab - kTopK, "..", kVocab - 1, " (top-k), got ",
+                       result.token_ids.size() == 2
+                           ? absl::StrCat(result.token_ids[0], " and ", result.token_ids[1])
+                           : absl::StrCat(result.token_ids.size(), " tokens")));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const void* host_logits,

@@ -42,6 +42,13 @@ class GpuSampler final : public Sampler {
   absl::Status Sample(const ValidatedBatch& batch, const void* host_logits,
                       SampleResult* result) override;
 
+  // Samples a [2, 16] batch (one greedy row, one top-k row, top-1 logprobs) in each dtype, so
+  // that the runtime loads every kernel (CUDA loads modules lazily, on first launch) and the
+  // buffers exist before the first request. Errors: FAILED_PRECONDITION with the runtime's
+  // message when a launch fails or the greedy row does not return the argmax.
+  absl::Status Warmup() override;
+
+  bool faulted() const override { return faulted_; }
   BackendKind kind() const override { return BackendKind::kGpu; }
   const DeviceInfo& device() const override { return device_; }
 

@@ -3,16 +3,19 @@
 #define SAMPLERD_SERVICE_CORE_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include "absl/status/status.h"
 
 namespace samplerd::core {
 
 // The largest requests the server accepts.
 struct Limits {
-  int64_t max_batch = 4096;                 // rows per request
-  int64_t max_vocab = 1 << 22;              // 4,194,304 columns
-  int64_t max_message_bytes = 256 << 20;    // 256 MiB per gRPC message
-  int32_t max_top_logprobs = 64;            // LogprobOptions.top_n
+  int64_t max_batch = 4096;               // rows per request
+  int64_t max_vocab = 1 << 22;            // 4,194,304 columns
+  int64_t max_message_bytes = 256 << 20;  // 256 MiB per gRPC message
+  int32_t max_top_logprobs = 64;          // LogprobOptions.top_n
   int64_t max_request_id_bytes = 256;
   int64_t max_stream_step_bytes = int64_t{1} << 30;  // a chunked SampleStream step, reassembled
 };
@@ -24,6 +27,11 @@ struct CoreOptions {
   // Host threads the CPU backend spreads rows over; 0 = one per core.
   int threads = 0;
   Limits limits;
+  // Called once when the backend faults for good (Sampler::faulted(), e.g. a sticky GPU error),
+  // with the status of the request that faulted. From then on the core refuses work with
+  // UNAVAILABLE; the process should drain and exit so that it is restarted. Runs on the
+  // executor thread: it must not block (nor call SamplerCore::Drain). May be empty.
+  std::function<void(const absl::Status&)> on_fatal;
 };
 
 }  // namespace samplerd::core

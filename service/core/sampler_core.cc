@@ -48,11 +48,11 @@ absl::StatusOr<std::unique_ptr<SamplerCore>> SamplerCore::Create(const CoreOptio
     if (!gpus.empty()) {
       // One backend device for now: the first one samples; GetServerInfo lists them all.
       absl::StatusOr<std::unique_ptr<GpuSampler>> gpu = GpuSampler::Create(gpus.front().ordinal);
-      if (!gpu.ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("expected a usable GPU for --backend=",
-                         options.backend == BackendChoice::kGpu ? "gpu" : "auto",
-                         ", got: ", gpu.status().message()));
+      absl::Status status = gpu.ok() ? (*gpu)->Warmup() : gpu.status();
+      if (!status.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "expected a usable GPU for --backend=",
+            options.backend == BackendChoice::kGpu ? "gpu" : "auto", ", got: ", status.message()));
       }
       auto core = std::make_unique<SamplerCore>(options, *std::move(gpu), RandomSeedStart());
       core->devices_ = std::move(gpus);
@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<SamplerCore>> SamplerCore::Create(const CoreOptio
 #endif
   }
   auto sampler = std::make_unique<CpuSampler>(ResolveThreads(options.threads));
+  RETURN_IF_ERROR(sampler->Warmup());
   return std::make_unique<SamplerCore>(options, std::move(sampler), RandomSeedStart());
 }
 
@@ -84,6 +85,7 @@ SamplerCore::SamplerCore(const CoreOptions& options, std::unique_ptr<Sampler> sa
 SamplerCore::~SamplerCore() { executor_.reset(); }
 
 absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
+  if (faulted()) return FaultedError();
   if (draining_.load(std::memory_order_acquire)) {
     return absl::UnavailableError("samplerd is shutting down; retry on another instance");
   }
@@ -99,8 +101,14 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
                      done = std::move(done)]() mutable {
     const absl::Time start = absl::Now();
     if (request.is_cancelled && request.is_cancelled()) {
-      done(absl::CancelledError("the client cancelled the request or its deadline passed "
-                                "before sampling started"));
+      done(
+          absl::CancelledError("the client cancelled the request or its deadline passed "
+                               "before sampling started"));
+      Finish();
+      return;
+    }
+    if (faulted()) {
+      done(FaultedError());
       Finish();
       return;
     }
@@ -112,14 +120,38 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
     result.timings.queue = start - request.arrival;
     result.timings.compute = end - start;
     result.timings.total = end - request.arrival;
+    // A sticky fault is recorded before `done` runs, so that a client retrying at once is
+    // already refused.
+    bool fatal = false;
+    if (sampler_->faulted()) {
+      if (status.ok()) status = absl::InternalError("the backend faulted");
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!faulted_.load(std::memory_order_relaxed)) {
+        fault_ = status;
+        faulted_.store(true, std::memory_order_release);
+        fatal = true;
+      }
+    }
     if (status.ok()) {
       done(std::move(result));
     } else {
       done(status);
     }
+    if (fatal && options_.on_fatal) options_.on_fatal(status);
     Finish();
   });
   return absl::OkStatus();
+}
+
+absl::Status SamplerCore::FaultedError() const {
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    why = std::string(fault_.message());
+  }
+  return absl::UnavailableError(
+      absl::StrCat("expected a working backend on ", sampler_->device().name, ", got a fault (",
+                   why, "); samplerd is restarting, retry on another instance"));
 }
 
 void SamplerCore::Finish() {
@@ -130,9 +162,9 @@ void SamplerCore::Finish() {
 bool SamplerCore::Drain(absl::Time deadline) {
   draining_.store(true, std::memory_order_release);
   std::unique_lock<std::mutex> lock(mu_);
-  return idle_cv_.wait_for(lock, absl::ToChronoNanoseconds(
-                                     std::max(deadline - absl::Now(), absl::ZeroDuration())),
-                           [this] { return in_flight_ == 0; });
+  return idle_cv_.wait_for(
+      lock, absl::ToChronoNanoseconds(std::max(deadline - absl::Now(), absl::ZeroDuration())),
+      [this] { return in_flight_ == 0; });
 }
 
 ServerInfo SamplerCore::Info() const {

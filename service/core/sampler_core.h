@@ -48,7 +48,9 @@ class SamplerCore {
   // Validates `request` and queues it on the device's executor. Returns a non-OK status (and
   // drops `done` uncalled) when the request is rejected up front: INVALID_ARGUMENT or
   // RESOURCE_EXHAUSTED when it is malformed or over the limits, FAILED_PRECONDITION when it
-  // names a device other than the backend's (MatchDevice), UNAVAILABLE while draining.
+  // names a device other than the backend's (MatchDevice), UNAVAILABLE while draining or once
+  // the backend has faulted. Requests still queued when the backend faults get UNAVAILABLE
+  // through `done`.
   // Otherwise `done` runs exactly once, later, on the executor thread. The request's inline
   // data must stay alive until `done` runs. Never blocks on sampling.
   absl::Status SampleAsync(SampleRequest request, Callback done);
@@ -57,11 +59,16 @@ class SamplerCore {
   // finished or `deadline` passes. Returns true when nothing is left in flight.
   bool Drain(absl::Time deadline);
 
+  // True once the backend has faulted for good (see CoreOptions::on_fatal).
+  bool faulted() const { return faulted_.load(std::memory_order_acquire); }
+
   ServerInfo Info() const;
   const Limits& limits() const { return options_.limits; }
 
  private:
   void Finish();
+  // The status refusing work after a fault.
+  absl::Status FaultedError() const;
 
   const CoreOptions options_;
   std::unique_ptr<Sampler> sampler_;
@@ -69,7 +76,9 @@ class SamplerCore {
   std::vector<DeviceInfo> devices_;
   SeedSource seeds_;
   std::atomic<bool> draining_{false};
-  std::mutex mu_;
+  std::atomic<bool> faulted_{false};
+  mutable std::mutex mu_;
+  absl::Status fault_;  // guarded by mu_: the status of the request that faulted
   std::condition_variable idle_cv_;
   int64_t in_flight_ = 0;
   // Declared last: destroyed first, so queued tasks finish while the members above live.

@@ -9,24 +9,39 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace samplerd::grpc_transport {
 namespace {
 
-constexpr char kUnixPrefix[] = "unix://";
+constexpr char kUnixScheme[] = "unix:";
+constexpr char kUnixAbstractScheme[] = "unix-abstract:";
 
-// Creates the directory of a unix:// socket path (one level, mode 0750) when missing.
-absl::Status PrepareUnixSocket(const std::string& address) {
-  std::string path = address.substr(sizeof(kUnixPrefix) - 1);
-  if (path.empty() || path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected an absolute unix socket address such as unix:///run/samplerd/samplerd.sock, got '",
-        address, "'"));
+bool IsUnixPath(const std::string& address) { return absl::StartsWith(address, kUnixScheme); }
+
+// The filesystem path of a "unix:" address, read as gRPC reads it: "unix:PATH" (relative to the
+// working directory, or absolute) or "unix:///ABSOLUTE/PATH". Errors: INVALID_ARGUMENT for an
+// empty path or an authority ("unix://host/...", which gRPC refuses too).
+absl::StatusOr<std::string> UnixSocketPath(const std::string& address) {
+  absl::string_view rest = absl::string_view(address).substr(sizeof(kUnixScheme) - 1);
+  if (absl::ConsumePrefix(&rest, "//") && !absl::StartsWith(rest, "/")) rest = {};
+  if (rest.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a unix socket address unix:PATH or unix:///ABSOLUTE/PATH (e.g. "
+                     "unix:///run/samplerd/samplerd.sock), got '",
+                     address, "'"));
   }
+  return std::string(rest);
+}
+
+// Creates the directories above the socket at `path` (mode 0750) when missing.
+absl::Status MakeSocketDirectory(const std::string& path) {
   const size_t slash = path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return absl::OkStatus();  // cwd or "/"
   const std::string dir = path.substr(0, slash);
-  if (dir.empty()) return absl::OkStatus();
   struct stat st;
   if (stat(dir.c_str(), &st) == 0) return absl::OkStatus();
   // Create parents one by one.
@@ -57,14 +72,18 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
   std::unique_ptr<SamplerServer> server(new SamplerServer(core));
   grpc::ServerBuilder builder;
   std::vector<int> ports(options.listen.size(), 0);
+  std::vector<std::string> socket_paths;
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
     if (address.empty()) {
       return absl::InvalidArgumentError("expected a non-empty --listen address, got ''");
     }
-    if (absl::StartsWith(address, kUnixPrefix)) {
-      absl::Status status = PrepareUnixSocket(address);
-      if (!status.ok()) return status;
+    if (IsUnixPath(address)) {
+      absl::StatusOr<std::string> path = UnixSocketPath(address);
+      if (!path.ok()) return path.status();
+      absl::Status made = MakeSocketDirectory(*path);
+      if (!made.ok()) return made;
+      socket_paths.push_back(*std::move(path));
     }
     builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &ports[i]);
   }
@@ -84,16 +103,27 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
         "expected to bind every --listen address, got a failure (address in use, bad syntax "
         "or missing permission; gRPC's log above says which)");
   }
+  server->SetServing(false);
+  // gRPC binds sockets with mode 0777 minus the umask; narrow them to owner and group. Connecting
+  // needs write permission, so under the usual umask 022 only the owner can connect meanwhile.
+  for (const std::string& path : socket_paths) {
+    if (chmod(path.c_str(), kUnixSocketMode) != 0) {
+      const int error = errno;
+      server->Shutdown(absl::Now());
+      return absl::FailedPreconditionError(
+          absl::StrCat("expected to restrict the socket ", path,
+                       " to its owner and group (mode 0660), got: ", std::strerror(error)));
+    }
+  }
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
-    if (absl::StartsWith(address, kUnixPrefix)) {
-      server->bound_.push_back(address);
+    if (IsUnixPath(address) || absl::StartsWith(address, kUnixAbstractScheme)) {
+      server->bound_.push_back(address);  // as given: there is no port to resolve
     } else {
       const size_t colon = address.rfind(':');
       server->bound_.push_back(absl::StrCat(address.substr(0, colon), ":", ports[i]));
     }
   }
-  server->SetServing(false);
   return server;
 }
 

@@ -15,9 +15,15 @@
 
 namespace samplerd::grpc_transport {
 
+// Mode of the unix socket files the server creates: owner and group may connect, others not
+// (connecting needs write permission). Run the engine as the same user or a member of the group.
+inline constexpr unsigned kUnixSocketMode = 0660;
+
 struct ServerOptions {
-  // gRPC listen addresses: "unix:///run/samplerd/samplerd.sock", "127.0.0.1:50051", ... A unix
-  // socket's directory is created when missing. Port 0 picks a free port.
+  // gRPC listen addresses: "unix:///run/samplerd/samplerd.sock" (absolute), "unix:PATH"
+  // (relative or absolute), "unix-abstract:NAME", "127.0.0.1:50051", "[::]:0", ... A unix
+  // socket's missing directories are created (mode 0750) and the socket is set to
+  // kUnixSocketMode once bound. Port 0 picks a free port.
   std::vector<std::string> listen = {"unix:///run/samplerd/samplerd.sock"};
   // Largest message received or sent, bytes.
   int max_message_bytes = 256 << 20;
@@ -30,14 +36,16 @@ class SamplerServer {
  public:
   // Starts serving on every address of `options`; health starts NOT_SERVING (call
   // SetServing). `core` must outlive the server. Errors: INVALID_ARGUMENT for a malformed
-  // address, UNAVAILABLE when an address cannot be bound.
+  // address, UNAVAILABLE when an address cannot be bound, FAILED_PRECONDITION when a socket's
+  // directory cannot be created or its mode cannot be set.
   static absl::StatusOr<std::unique_ptr<SamplerServer>> Start(const ServerOptions& options,
                                                               core::SamplerCore* core);
 
   // Health for "" and kServiceName: SERVING or NOT_SERVING.
   void SetServing(bool serving);
 
-  // The addresses actually bound (TCP port 0 resolved), in the order of options.listen.
+  // The addresses actually bound, in the order of options.listen: TCP port 0 resolved, unix
+  // addresses as given.
   const std::vector<std::string>& bound_addresses() const { return bound_; }
 
   // Stops accepting calls and waits for those in flight until `deadline`, then cancels them.

@@ -1,9 +1,11 @@
-// SamplerCore over a fake backend: queueing, callbacks, seeds, timings, drain and cancellation.
+// SamplerCore over a fake backend: queueing, callbacks, seeds, timings, drain, cancellation and
+// sticky backend faults.
 #include "service/core/sampler_core.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -14,7 +16,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Answers token = row index; can be held until released, to test draining.
+// Answers token = row index; can be held until released, to test draining. Returns fault_
+// when set; with sticky_ the first fault leaves it faulted(), like a GPU with a lost context.
 class FakeSampler : public Sampler {
  public:
   absl::Status Sample(const ValidatedBatch& batch, const void*, SampleResult* result) override {
@@ -24,13 +27,17 @@ class FakeSampler : public Sampler {
       result->token_ids.push_back(static_cast<int32_t>(r));
       result->row_status.push_back(kernels::RowStatus::kOk);
     }
+    if (!fault_.ok() && sticky_) faulted_ = true;
     return fault_;
   }
+  bool faulted() const override { return faulted_; }
   BackendKind kind() const override { return BackendKind::kCpu; }
   const DeviceInfo& device() const override { return device_; }
 
   absl::Notification* hold_ = nullptr;
   absl::Status fault_;
+  bool sticky_ = false;
+  bool faulted_ = false;
   int calls_ = 0;
   DeviceInfo device_{0, "", "fake", "Fake", false, false};
 };
@@ -40,7 +47,12 @@ class SamplerCoreTest : public ::testing::Test {
   SamplerCoreTest() {
     auto sampler = std::make_unique<FakeSampler>();
     sampler_ = sampler.get();
-    core_ = std::make_unique<SamplerCore>(CoreOptions{}, std::move(sampler), /*seed_start=*/42);
+    CoreOptions options;
+    options.on_fatal = [this](const absl::Status& status) {
+      fatal_status_ = status;  // read by the test only after a later request has finished
+      ++fatal_calls_;
+    };
+    core_ = std::make_unique<SamplerCore>(options, std::move(sampler), /*seed_start=*/42);
     bytes_.assign(2 * 3 * 4, '\0');
   }
 
@@ -68,6 +80,8 @@ class SamplerCoreTest : public ::testing::Test {
   }
 
   FakeSampler* sampler_;
+  std::atomic<int> fatal_calls_{0};
+  absl::Status fatal_status_;
   std::unique_ptr<SamplerCore> core_;
   std::string bytes_;
 };
@@ -115,14 +129,72 @@ TEST_F(SamplerCoreTest, BackendFaultsReachTheCaller) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal);
 }
 
+TEST_F(SamplerCoreTest, TransientBackendErrorsDoNotStopTheCore) {
+  sampler_->fault_ = absl::ResourceExhaustedError("out of device memory");
+  EXPECT_EQ(Run(Request()).status().code(), absl::StatusCode::kResourceExhausted);
+  sampler_->fault_ = absl::OkStatus();
+  EXPECT_TRUE(Run(Request()).ok());
+  EXPECT_FALSE(core_->faulted());
+  EXPECT_EQ(fatal_calls_.load(), 0);
+}
+
+TEST_F(SamplerCoreTest, StickyFaultCallsOnFatalOnceAndRefusesLaterWork) {
+  sampler_->fault_ = absl::InternalError("GPU 0000:01:00.0: illegal address");
+  sampler_->sticky_ = true;
+  absl::Notification hold;
+  sampler_->hold_ = &hold;
+  // Two requests queued behind each other: the first faults the backend.
+  absl::StatusOr<SampleResult> first, second;
+  absl::Notification first_done, second_done;
+  ASSERT_TRUE(core_
+                  ->SampleAsync(Request(),
+                                [&](absl::StatusOr<SampleResult> r) {
+                                  first = std::move(r);
+                                  first_done.Notify();
+                                })
+                  .ok());
+  ASSERT_TRUE(core_
+                  ->SampleAsync(Request(),
+                                [&](absl::StatusOr<SampleResult> r) {
+                                  second = std::move(r);
+                                  second_done.Notify();
+                                })
+                  .ok());
+  hold.Notify();
+  first_done.WaitForNotification();
+  second_done.WaitForNotification();  // runs after the first task, on_fatal included
+
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kInternal);
+  // The queued request never reaches the faulted backend.
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(sampler_->calls_, 1);
+  EXPECT_EQ(fatal_calls_.load(), 1);
+  EXPECT_EQ(fatal_status_.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(core_->faulted());
+
+  // New requests are refused up front, saying why.
+  bool called = false;
+  absl::Status refused =
+      core_->SampleAsync(Request(), [&](absl::StatusOr<SampleResult>) { called = true; });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("illegal address"));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("expected"));
+  EXPECT_FALSE(called);
+  EXPECT_TRUE(core_->Drain(absl::Now() + absl::Seconds(10)));
+  EXPECT_EQ(fatal_calls_.load(), 1);
+}
+
 TEST_F(SamplerCoreTest, DrainWaitsForInFlightThenRefusesNewWork) {
   absl::Notification hold;
   sampler_->hold_ = &hold;
   absl::Notification done;
-  ASSERT_TRUE(core_->SampleAsync(Request(), [&](absl::StatusOr<SampleResult> r) {
-                 EXPECT_TRUE(r.ok());
-                 done.Notify();
-               }).ok());
+  ASSERT_TRUE(core_
+                  ->SampleAsync(Request(),
+                                [&](absl::StatusOr<SampleResult> r) {
+                                  EXPECT_TRUE(r.ok());
+                                  done.Notify();
+                                })
+                  .ok());
   // The held request cannot finish: a short drain reports work left in flight.
   EXPECT_FALSE(core_->Drain(absl::Now() + absl::Milliseconds(20)));
   absl::Status refused = core_->SampleAsync(Request(), [](absl::StatusOr<SampleResult>) {});

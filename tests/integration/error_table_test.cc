@@ -177,6 +177,11 @@ const std::vector<BadInput>& BadInputs() {
        C::INVALID_ARGUMENT,
        {"request_id"},
        [](v1::SampleRequest* r, const v1::Limits&) { r->set_request_id(std::string(257, 'x')); }},
+      // Wrong system state, not a malformed request: the device is not this server's.
+      {"UnknownDevice",
+       C::FAILED_PRECONDITION,
+       {"device"},
+       [](v1::SampleRequest* r, const v1::Limits&) { r->set_device("GPU-not-a-device"); }},
   };
   return cases;
 }
@@ -239,10 +244,6 @@ const std::vector<BadInput>& SurvivableInputs() {
        [](v1::SampleRequest* r, const v1::Limits&) {
          r->mutable_logits()->mutable_region()->set_region("nope");
        }},
-      {"UnknownDevice",
-       C::UNKNOWN,
-       {},
-       [](v1::SampleRequest* r, const v1::Limits&) { r->set_device("GPU-not-a-device"); }},
       {"ExtremeSeedAndPosition",
        C::UNKNOWN,
        {},
