@@ -175,6 +175,17 @@ __device__ uint32_t ResolveCollected(SelectStorage& s, uint64_t bin_above, doubl
   return result;
 }
 
+// Zeroes bins [0, nbins) of s.hist, then waits for the block.
+template <int kThreads>
+__device__ void ClearHistogram(SelectStorage& s, int nbins) {
+  for (int b = threadIdx.x; b < nbins; b += kThreads) {
+    s.hist.count[b] = 0;
+    s.hist.weight_lo[b] = 0;
+    s.hist.weight_hi[b] = 0;
+  }
+  __syncthreads();
+}
+
 // Sum of s.hist.weight (every thread gets it).
 template <int kThreads>
 __device__ uint64_t HistogramTotal(SelectStorage& s) {
@@ -212,12 +223,7 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
       const float d = (row_max - z) * 64.0f;
       return d < 2048.0f ? 2047 - static_cast<int>(d) : -1;
     };
-    for (int b = threadIdx.x; b < kHistBins; b += kThreads) {
-      s.hist.count[b] = 0;
-      s.hist.weight_lo[b] = 0;
-      s.hist.weight_hi[b] = 0;
-    }
-    __syncthreads();
+    ClearHistogram<kThreads>(s, kHistBins);
     source.ForEach([&](uint32_t key, int64_t, float z) {
       if (key < lo_key) return;
       const int b = value_bin(z);
@@ -253,12 +259,7 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
     const int shift = round == 0 ? 21 : (round == 1 ? 10 : 0);
     const int bits = round == 2 ? 10 : 11;
     const int nbins = 1 << bits;
-    for (int b = threadIdx.x; b < nbins; b += kThreads) {
-      s.hist.count[b] = 0;
-      s.hist.weight_lo[b] = 0;
-      s.hist.weight_hi[b] = 0;
-    }
-    __syncthreads();
+    ClearHistogram<kThreads>(s, nbins);
     source.ForEach([&](uint32_t key, int64_t, float z) {
       if (key < lo_key) return;
       if (round > 0 && (key >> (shift + bits)) != prefix) return;

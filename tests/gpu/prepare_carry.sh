@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Builds the CUDA tree here and assembles .carry/gpu_run/: everything tests/gpu/run_on_gpu.sh
+# needs on the GPU machine (which has no Debian gRPC/Abseil libraries and no network).
+#
+#   tests/gpu/prepare_carry.sh            # build build/cuda, assemble .carry/gpu_run, check it
+#
+# Then, on the GPU machine, from the repository root with .carry/gpu_run carried along:
+#   cd .carry/gpu_run && bash run_on_gpu.sh [--bench-args "--quick"] [--no-bench]
+#
+# The folder holds run_on_gpu.sh, bench_kernels.py, README.md, MANIFEST.txt and payload.tar.xz
+# (the stripped binaries, libsamplerd_capi.so and lib/ with the Debian shared libraries of the
+# gRPC binaries), which run_on_gpu.sh unpacks.
+#
+# Environment: SAMPLERD_CUDA_BUILD (build folder, default build/cuda), SAMPLERD_CARRY_DIR
+# (default .carry/gpu_run), JOBS (ninja -j, default 2), SAMPLERD_CARRY_MAX_MIB (default 60),
+# SAMPLERD_CARRY_PACK=0 (leave the files unpacked: ~50 MiB).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+BUILD="${SAMPLERD_CUDA_BUILD:-build/cuda}"
+CARRY="$(realpath -m "${SAMPLERD_CARRY_DIR:-.carry/gpu_run}")"
+JOBS="${JOBS:-2}"
+MAX_MIB="${SAMPLERD_CARRY_MAX_MIB:-60}"
+
+log() { printf 'prepare_carry: %s\n' "$*"; }
+die() { printf 'prepare_carry: error: %s\n' "$*" >&2; exit 1; }
+
+# --- build --------------------------------------------------------------------------------------
+if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+  log "configuring $BUILD (CUDA, Release)"
+  cmake -S . -B "$BUILD" -G Ninja -DSAMPLERD_GPU=cuda -DCMAKE_BUILD_TYPE=Release
+fi
+grep -q '^SAMPLERD_GPU:STRING=cuda$' "$BUILD/CMakeCache.txt" ||
+  die "$BUILD is not configured with -DSAMPLERD_GPU=cuda"
+
+TARGETS=(samplerd samplerd_gpu_sampler_test samplerd_gpu_statistics_test samplerd_server_gpu_test
+         samplerd_capi samplerd_example_sample_random)
+log "building ${TARGETS[*]} (ninja -j$JOBS)"
+ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}"
+
+# Where each target's file is in the build tree.
+declare -A BUILT=(
+  [samplerd]="$BUILD/service/samplerd"
+  [samplerd_gpu_sampler_test]="$BUILD/tests/gpu/samplerd_gpu_sampler_test"
+  [samplerd_gpu_statistics_test]="$BUILD/tests/gpu/samplerd_gpu_statistics_test"
+  [samplerd_server_gpu_test]="$BUILD/tests/gpu/samplerd_server_gpu_test"
+  [samplerd_example_sample_random]="$BUILD/client/cpp/samplerd_example_sample_random"
+  [libsamplerd_capi.so]="$BUILD/tests/bench/gpu/libsamplerd_capi.so"
+)
+
+# --- assemble -----------------------------------------------------------------------------------
+# The binaries and libraries are staged in $STAGE, checked, then packed into payload.tar.xz: the
+# four binaries with kernels each hold the same ~7 MiB of GPU code, which xz's 64 MiB window
+# stores once (~50 MiB plain, ~7 MiB packed). run_on_gpu.sh unpacks it. SAMPLERD_CARRY_PACK=0
+# leaves the files unpacked in $CARRY instead.
+STAGE="$CARRY.stage"
+log "assembling $CARRY"
+rm -rf "$CARRY" "$STAGE"
+mkdir -p "$CARRY" "$STAGE/lib"
+for name in "${!BUILT[@]}"; do
+  [[ -f "${BUILT[$name]}" ]] || die "missing ${BUILT[$name]}"
+  cp "${BUILT[$name]}" "$STAGE/$name"
+done
+cp tests/bench/gpu/bench_kernels.py tests/gpu/run_on_gpu.sh tests/gpu/README.md "$CARRY/"
+chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py"
+
+# Shared libraries: everything ldd resolves, except the C/C++ runtime the GPU machine has itself
+# (a newer glibc and libstdc++ run binaries built against older ones).
+is_system_lib() {
+  case "$1" in
+    linux-vdso.so.*|ld-linux*|libc.so.*|libm.so.*|libstdc++.so.*|libgcc_s.so.*|libpthread.so.*|\
+    libdl.so.*|librt.so.*|libutil.so.*|libresolv.so.*|libmvec.so.*) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+for name in "${!BUILT[@]}"; do
+  while read -r soname arrow path _; do
+    [[ "$arrow" == "=>" ]] || continue
+    is_system_lib "$soname" && continue
+    [[ "$path" != "not" ]] || die "$name: $soname not found by ldd"
+    [[ -f "$STAGE/lib/$soname" ]] || cp -L "$path" "$STAGE/lib/$soname"
+  done < <(ldd "$STAGE/$name")
+done
+
+log "stripping"
+strip --strip-unneeded "$STAGE"/samplerd* "$STAGE"/libsamplerd_capi.so "$STAGE"/lib/*.so*
+chmod +x "$STAGE"/samplerd*
+
+# Every non-system library must now resolve inside lib/.
+for name in "${!BUILT[@]}"; do
+  while read -r soname arrow path _; do
+    [[ "$arrow" == "=>" ]] || continue
+    is_system_lib "$soname" && continue
+    [[ "$path" == "$STAGE/lib/"* ]] || die "$name: $soname resolves to $path, not to $STAGE/lib"
+  done < <(LD_LIBRARY_PATH="$STAGE/lib" ldd "$STAGE/$name")
+done
+plain_bytes="$(du -sb "$STAGE" | cut -f1)"
+
+{
+  echo "samplerd GPU run folder, assembled by tests/gpu/prepare_carry.sh"
+  echo "date:   $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "build:  $BUILD ($(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$BUILD/CMakeCache.txt"))"
+  echo "uncommitted changes in the working tree:"
+  git status --short 2>/dev/null | sed 's/^/  /'
+  echo "files (unpacked):"
+  (cd "$STAGE" && find . -type f | sort | xargs sha256sum | sed 's/^/  /')
+} >"$CARRY/MANIFEST.txt"
+
+if [[ "${SAMPLERD_CARRY_PACK:-1}" == 0 ]]; then
+  cp -a "$STAGE"/. "$CARRY"/
+else
+  log "packing payload.tar.xz (xz -9, about 30 s)"
+  tar -C "$STAGE" -cf - . | xz -9 -T1 >"$CARRY/payload.tar.xz"
+fi
+rm -rf "$STAGE"
+
+# --- size ---------------------------------------------------------------------------------------
+bytes="$(du -sb "$CARRY" | cut -f1)"
+mib=$(( (bytes + 1048575) / 1048576 ))
+log "$CARRY: $(find "$CARRY" -type f | wc -l) files, ${mib} MiB ($bytes bytes; $(( (plain_bytes + 1048575) / 1048576 )) MiB unpacked)"
+(( mib <= MAX_MIB )) || die "$CARRY is ${mib} MiB, over the ${MAX_MIB} MiB limit"
+log "done. On the GPU machine (carry ${CARRY#"$ROOT"/}): cd ${CARRY#"$ROOT"/} && bash run_on_gpu.sh"

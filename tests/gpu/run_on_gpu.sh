@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# Runs samplerd's GPU checks in one go, on a machine with an NVIDIA GPU, from the folder that
+# tests/gpu/prepare_carry.sh assembles (.carry/gpu_run: payload.tar.xz with the binaries and lib/
+# with the Debian gRPC libraries, unpacked into a temporary folder; the kernel benchmark). Needs
+# bash, coreutils, tar with xz or python3, nvidia-smi; python3 with PyTorch for the benchmark. No
+# network, no build.
+#
+#   cd .carry/gpu_run && bash run_on_gpu.sh [options]
+#
+# Steps, in order; each is logged in full to $RESULTS/<step>.log, reported PASS/FAIL, and a
+# failure does not stop the later steps:
+#   gpu_sampler_test      GPU kernels vs the CPU reference (a skipped test counts as a failure)
+#   gpu_statistics_test   the statistical suite on the GPU
+#   servers_start         samplerd --backend=gpu and samplerd --backend=cpu on unix sockets
+#   server_gpu_test       the GPU server vs the CPU server, through the C++ client
+#   example_client        samplerd_example_sample_random against the GPU server
+#   servers_stop          SIGTERM both servers; each must exit 0
+#   bench                 bench_kernels.py: ours vs PyTorch (--json/--markdown into $RESULTS)
+#
+# $RESULTS is $OUT when set, else ./results. Exit status: 0 when every step passed, else 1.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$HERE" || exit 2
+
+usage() {
+  cat <<'EOF'
+usage: run_on_gpu.sh [--no-bench] [--bench-args "ARGS"] [--only STEPS] [--timeout SECS]
+                     [--bench-timeout SECS] [--deadline SECS]
+  --no-bench           skip the kernel benchmark
+  --bench-args "ARGS"  more arguments for bench_kernels.py, e.g. "--quick" or
+                       "--batches 1,128 --vocabs 151936 --dtypes fp32"
+  --only STEPS         comma-separated groups to run: sampler,statistics,server,example,bench
+  --timeout SECS       limit of each test step (default 240)
+  --bench-timeout SECS limit of the benchmark (default 420)
+  --deadline SECS      the whole run ends within this (default 570: a summary before a 600 s kill)
+EOF
+}
+
+BENCH=1
+BENCH_ARGS=""
+ONLY="sampler,statistics,server,example,bench"
+STEP_TIMEOUT=240
+BENCH_TIMEOUT=420
+DEADLINE=570
+while (($# > 0)); do
+  case "$1" in
+    --no-bench) BENCH=0 ;;
+    --bench-args) BENCH_ARGS="${2-}"; shift ;;
+    --bench-args=*) BENCH_ARGS="${1#*=}" ;;
+    --only) ONLY="${2-}"; shift ;;
+    --only=*) ONLY="${1#*=}" ;;
+    --timeout) STEP_TIMEOUT="${2-}"; shift ;;
+    --timeout=*) STEP_TIMEOUT="${1#*=}" ;;
+    --bench-timeout) BENCH_TIMEOUT="${2-}"; shift ;;
+    --bench-timeout=*) BENCH_TIMEOUT="${1#*=}" ;;
+    --deadline) DEADLINE="${2-}"; shift ;;
+    --deadline=*) DEADLINE="${1#*=}" ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "run_on_gpu.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+for n in "$STEP_TIMEOUT" "$BENCH_TIMEOUT" "$DEADLINE"; do
+  [[ "$n" =~ ^[0-9]+$ ]] || { echo "run_on_gpu.sh: expected a number of seconds, got '$n'" >&2; exit 2; }
+done
+selected() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+RESULTS="${OUT:-$HERE/results}"
+mkdir -p "$RESULTS" || exit 2
+START=$SECONDS
+
+# The running step, our servers (by pid) and the unpacked payload: ended and removed at exit,
+# also when interrupted.
+GPU_PID="" CPU_PID="" STEP_PID="" UNPACKED=""
+# shellcheck disable=SC2317  # invoked by the EXIT trap
+cleanup() {
+  local pid
+  [[ -n "$STEP_PID" ]] && kill -TERM "$STEP_PID" 2>/dev/null  # `timeout` passes it on
+  for pid in "$GPU_PID" "$CPU_PID"; do
+    [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null
+  done
+  [[ -n "$UNPACKED" ]] && rm -rf "$UNPACKED"
+  return 0
+}
+trap cleanup EXIT
+trap 'echo "run_on_gpu.sh: interrupted" >&2; exit 130' INT TERM
+
+# The binaries and lib/ come packed in payload.tar.xz (prepare_carry.sh). They are unpacked into a
+# temporary folder, not next to this script, so that this folder stays small enough to carry.
+# Without xz, Python's tarfile unpacks.
+BIN="$HERE"
+unpack() {  # unpack DIR
+  tar -xJf "$HERE/payload.tar.xz" -C "$1" 2>/dev/null ||
+    python3 - "$HERE/payload.tar.xz" "$1" <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    try:
+        t.extractall(sys.argv[2], filter="tar")
+    except TypeError:  # Python < 3.12
+        t.extractall(sys.argv[2])
+PY
+}
+if [[ -f "$HERE/payload.tar.xz" ]]; then
+  UNPACKED="$(mktemp -d "${TMPDIR:-/tmp}/samplerd-gpu-run.XXXXXX")" || exit 2
+  BIN="$UNPACKED"
+  if ! unpack "$BIN"; then
+    echo "run_on_gpu.sh: cannot unpack payload.tar.xz" >&2
+    exit 2
+  fi
+  echo "unpacked payload.tar.xz into $BIN ($((SECONDS - START)) s)"
+fi
+[[ -x "$BIN/samplerd" ]] || chmod +x "$BIN"/samplerd* 2>/dev/null  # carried copies may lose x
+# Only the gRPC binaries get lib/: python3 and nvidia-smi keep the machine's own libraries.
+GRPC_ENV=(env "LD_LIBRARY_PATH=$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+# Line-buffered test output, so that a log cut off by a timeout still holds everything printed.
+LINEBUF=()
+command -v stdbuf >/dev/null 2>&1 && LINEBUF=(stdbuf -oL -eL)
+
+# --- step bookkeeping ---------------------------------------------------------------------------
+NAMES=() RESULTS_OF=() SECONDS_OF=() NOTES=()
+record() {  # record NAME PASS|FAIL SECONDS NOTE
+  NAMES+=("$1") RESULTS_OF+=("$2") SECONDS_OF+=("$3") NOTES+=("$4")
+  printf '==> %-20s %s  (%ss)%s\n' "$1" "$2" "$3" "${4:+  $4}"
+}
+# Seconds a step may take: its own limit, cut to what the deadline leaves (minus a reserve for
+# stopping the servers and printing the summary).
+budget() {
+  local left=$((DEADLINE - (SECONDS - START) - 20))
+  if ((left < $1)); then echo "$left"; else echo "$1"; fi
+}
+show_tail() {  # show_tail LOG LINES
+  tail -n "$2" "$1" | awk '{ print "    | " $0 }'  # awk ends a cut-off last line
+}
+
+# run_step NAME LIMIT CMD...: runs CMD under `timeout`, output to $RESULTS/NAME.log. A GoogleTest
+# binary that skips tests fails the step (on the GPU machine a skip means the GPU was not used).
+run_step() {
+  local name="$1" limit="$2" log="$RESULTS/$1.log" t0=$SECONDS rc note="" result=PASS
+  shift 2
+  limit="$(budget "$limit")"
+  echo "--- $name: $*"
+  if ((limit < 5)); then
+    echo "not run: the --deadline leaves no time" >"$log"
+    record "$name" FAIL 0 "not run: deadline reached"
+    return
+  fi
+  # In the background with `wait`, so that a signal to this script is handled at once (cleanup
+  # then stops the step).
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1 &
+  STEP_PID=$!
+  wait "$STEP_PID"
+  rc=$?
+  STEP_PID=""
+  if ((rc == 124 || rc == 137)); then
+    note="timed out after ${limit}s"
+  elif ((rc != 0)); then
+    note="exit code $rc"
+  fi
+  local skipped
+  skipped="$(grep -Eo '^\[  SKIPPED \] [0-9]+ tests?,' "$log" | grep -Eo '[0-9]+' | head -n 1)"
+  if [[ -n "$skipped" && "$skipped" != 0 ]]; then
+    note="${note:+$note; }$skipped tests skipped"
+    local why
+    why="$(grep -v '^\[' "$log" | grep -m 1 -iE 'no GPU|not set' | cut -c1-160)"
+    [[ -n "$why" ]] && note="$note ($why)"
+  fi
+  [[ -n "$note" ]] && result=FAIL
+  local summary
+  summary="$(grep -E '^(GPU|logprobs|stream)|mismatches' "$log" | tail -n 3)"
+  [[ -n "$summary" ]] && printf '    | %s\n' "${summary//$'\n'/$'\n'    | }"
+  if [[ "$result" == FAIL ]]; then
+    show_tail "$log" 25
+  else
+    show_tail "$log" 3
+  fi
+  record "$name" "$result" $((SECONDS - t0)) "$note"
+}
+
+# --- the device ---------------------------------------------------------------------------------
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(uname -n)  kernel: $(uname -r)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=index,name,pci.bus_id,uuid,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,temperature.gpu --format=csv 2>&1
+  else
+    echo "nvidia-smi: not found (no NVIDIA driver on this machine?)"
+  fi
+  [[ -f MANIFEST.txt ]] && sed -n '1,4p' MANIFEST.txt
+  echo "binaries: $BIN"
+} 2>&1 | tee "$RESULTS/device.txt"
+
+# --- (a), (b) kernel tests ----------------------------------------------------------------------
+if selected sampler; then
+  run_step gpu_sampler_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_sampler_test" \
+    "--gtest_output=xml:$RESULTS/gpu_sampler_test.xml"
+fi
+if selected statistics; then
+  run_step gpu_statistics_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_statistics_test" \
+    "--gtest_output=xml:$RESULTS/gpu_statistics_test.xml"
+fi
+
+# --- (c), (d) the server on the GPU -------------------------------------------------------------
+SOCK_DIR=/tmp/samplerd-gpu
+GPU_TARGET="unix://$SOCK_DIR/s.sock"
+CPU_TARGET="unix://$SOCK_DIR/cpu.sock"
+GPU_UP=0 CPU_UP=0
+
+# wait_ready NAME PID LOG: waits until the server logs "listening on" (it logs that after it
+# reports SERVING) or exits; 0 when ready. Prints why not.
+wait_ready() {
+  local name="$1" pid="$2" log="$3" waited=0 rc
+  while ((waited < 600)); do  # tenths of a second: 60 s
+    if grep -q 'listening on' "$log" 2>/dev/null; then
+      echo "$name: ready after $((waited / 10)).$((waited % 10))s (pid $pid)"
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      rc=$?
+      echo "$name: exited with code $rc before serving; its log:"
+      sed -e 's/^/    /' "$log"
+      return 1
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  echo "$name: not serving after 60 s (killed); its log:"
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid"
+  sed -e 's/^/    /' "$log"
+  return 1
+}
+
+if selected server || selected example; then
+  t0=$SECONDS
+  log="$RESULTS/servers_start.log"
+  rm -rf "$SOCK_DIR" && mkdir -p "$SOCK_DIR"
+  echo "--- servers_start: samplerd --backend=gpu --listen=$GPU_TARGET; samplerd --backend=cpu --listen=$CPU_TARGET"
+  "${GRPC_ENV[@]}" "$BIN/samplerd" --backend=gpu "--listen=$GPU_TARGET" --grace_period=10s \
+    >"$RESULTS/server_gpu.log" 2>&1 &
+  GPU_PID=$!
+  "${GRPC_ENV[@]}" "$BIN/samplerd" --backend=cpu "--listen=$CPU_TARGET" --grace_period=10s \
+    >"$RESULTS/server_cpu.log" 2>&1 &
+  CPU_PID=$!
+  {
+    wait_ready "GPU server" "$GPU_PID" "$RESULTS/server_gpu.log" && GPU_UP=1
+    wait_ready "CPU server" "$CPU_PID" "$RESULTS/server_cpu.log" && CPU_UP=1
+  } >"$log" 2>&1
+  # wait_ready ran in this shell (a { } group, not a subshell), so GPU_UP/CPU_UP are set here.
+  ((GPU_UP)) || GPU_PID=""
+  ((CPU_UP)) || CPU_PID=""
+  note=""
+  ((GPU_UP)) || note="GPU server did not start: $(grep -m 1 -E 'samplerd: ' "$RESULTS/server_gpu.log" | sed 's/^[^ ]* samplerd: //' | cut -c1-200)"
+  ((CPU_UP)) || note="${note:+$note; }CPU server did not start"
+  if ((GPU_UP && CPU_UP)); then
+    show_tail "$log" 2
+    record servers_start PASS $((SECONDS - t0)) ""
+  else
+    show_tail "$log" 25
+    record servers_start FAIL $((SECONDS - t0)) "$note"
+  fi
+
+  if selected server; then
+    # Run even without a GPU server: the binary then skips, and the skip fails the step.
+    test_env=("${GRPC_ENV[@]}")
+    ((GPU_UP)) && test_env+=("SAMPLERD_TEST_GPU_SERVER=$GPU_TARGET")
+    ((CPU_UP)) && test_env+=("SAMPLERD_TEST_CPU_SERVER=$CPU_TARGET")
+    run_step server_gpu_test "$STEP_TIMEOUT" "${test_env[@]}" "${LINEBUF[@]}" \
+      "$BIN/samplerd_server_gpu_test" \
+      "--gtest_output=xml:$RESULTS/server_gpu_test.xml"
+  fi
+
+  if selected example; then
+    if ((GPU_UP)); then
+      run_step example_client 60 "${GRPC_ENV[@]}" "$BIN/samplerd_example_sample_random" \
+        "--target=$GPU_TARGET" --batch=8 --vocab=151936 --iters=5
+    else
+      echo "not run: no GPU server" >"$RESULTS/example_client.log"
+      record example_client FAIL 0 "not run: no GPU server"
+    fi
+  fi
+
+  # SIGTERM both; each must drain and exit 0.
+  t0=$SECONDS
+  log="$RESULTS/servers_stop.log"
+  : >"$log"
+  note=""
+  for which in GPU CPU; do
+    if [[ "$which" == GPU ]]; then pid="$GPU_PID"; else pid="$CPU_PID"; fi
+    [[ -n "$pid" ]] || continue
+    kill -TERM "$pid" 2>/dev/null
+    waited=0
+    while kill -0 "$pid" 2>/dev/null && ((waited < 300)); do sleep 0.1; waited=$((waited + 1)); done
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -KILL "$pid" 2>/dev/null
+      note="${note:+$note; }$which server still running 30 s after SIGTERM (killed)"
+    fi
+    wait "$pid"
+    rc=$?
+    echo "$which server (pid $pid): exit code $rc after SIGTERM" >>"$log"
+    ((rc == 0)) || note="${note:+$note; }$which server exit code $rc"
+    if [[ "$which" == GPU ]]; then GPU_PID=""; else CPU_PID=""; fi
+  done
+  if [[ ! -s "$log" ]]; then
+    echo "no server was running" >>"$log"
+    note="no server was running"
+  fi
+  for which in gpu cpu; do
+    echo "--- server_$which.log (last lines)" >>"$log"
+    tail -n 5 "$RESULTS/server_$which.log" >>"$log" 2>/dev/null
+  done
+  show_tail "$log" 14
+  if [[ -z "$note" ]]; then
+    record servers_stop PASS $((SECONDS - t0)) ""
+  else
+    record servers_stop FAIL $((SECONDS - t0)) "$note"
+  fi
+fi
+
+# --- (e) the kernel benchmark -------------------------------------------------------------------
+if selected bench && ((BENCH)); then
+  bench_argv=()
+  read -r -a bench_argv <<<"$BENCH_ARGS"
+  run_step bench "$BENCH_TIMEOUT" python3 -u "$HERE/bench_kernels.py" --lib "$BIN/libsamplerd_capi.so" \
+    --json "$RESULTS/bench.json" --markdown "$RESULTS/bench.md" "${bench_argv[@]}"
+  if [[ -s "$RESULTS/bench.md" ]]; then
+    echo "    bench table: $RESULTS/bench.md ($(wc -l <"$RESULTS/bench.md") lines)"
+  fi
+fi
+
+# --- summary ------------------------------------------------------------------------------------
+failed=0
+{
+  echo
+  echo "==== run_on_gpu.sh summary ($((SECONDS - START)) s; logs in $RESULTS) ===="
+  printf '%-20s %-6s %7s  %s\n' step result seconds note
+  for i in "${!NAMES[@]}"; do
+    printf '%-20s %-6s %7s  %s\n' "${NAMES[$i]}" "${RESULTS_OF[$i]}" "${SECONDS_OF[$i]}" "${NOTES[$i]}"
+    [[ "${RESULTS_OF[$i]}" == PASS ]] || failed=$((failed + 1))
+  done
+  if ((${#NAMES[@]} == 0)); then echo "(no step selected)"; fi
+  if ((failed)); then echo "FAILED: $failed step(s)"; else echo "ALL PASSED"; fi
+} | tee "$RESULTS/summary.txt"
+# The table ran in a pipeline (a subshell): count again here for the exit status.
+for r in "${RESULTS_OF[@]}"; do [[ "$r" == PASS ]] || exit 1; done
+((${#NAMES[@]} > 0)) || exit 1
+exit 0
