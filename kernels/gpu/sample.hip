@@ -50,10 +50,13 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
                                         FinishShared& sh, uint32_t* threshold, uint64_t* mass,
                                         uint64_t* count) {
   SelectStorage& s = sh.select;
-  const int n = static_cast<int>(summary.candidate_total);
+  const int total = static_cast<int>(summary.candidate_total);
   const int64_t base = row * p.chunks * static_cast<int64_t>(kCandidateCap);
-  // Item i lives in the chunk whose offset range holds it; every load is independent.
-  for (int i = threadIdx.x; i < n; i += kFinishThreads) {
+  const float row_max = summary.max_z;
+  const uint32_t min_p_key =
+      params.min_p > 0.0f ? OrderedKey(row_max + logf(params.min_p)) : 0u;
+  // Candidate i lives in the chunk whose offset range holds it; every load is independent.
+  auto candidate = [&](int i, uint32_t* key, int32_t* index) {
     int lo = 0, hi = p.chunks - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
@@ -61,12 +64,45 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
     }
     const int64_t slot = base + lo * static_cast<int64_t>(kCandidateCap) +
                          (i - static_cast<int>(sh.candidate_offset[lo]));
-    s.sort.key[i] = p.candidate_key[slot];
-    s.sort.index[i] = p.candidate_index[slot];
+    *key = p.candidate_key[slot];
+    *index = p.candidate_index[slot];
+  };
+  // Only the candidates in or above the 1/64-logit bin of the k-th largest need sorting: the
+  // rest cannot survive top-k (sorting all ~4,000 candidates cost ~50 µs a row, NOTES.md v6).
+  auto value_bin = [&](uint32_t key) -> int {
+    const float d = (row_max - KeyToFloat(key)) * 64.0f;
+    return d < 2048.0f ? 2047 - static_cast<int>(d) : -1;
+  };
+  int floor_bin = -1;  // keep every candidate
+  if (params.top_k > 0) {
+    ClearHistogram<kFinishThreads>(s, kHistBins);
+    for (int i = threadIdx.x; i < total; i += kFinishThreads) {
+      uint32_t key;
+      int32_t index;
+      candidate(i, &key, &index);
+      const int b = value_bin(key);
+      if (key >= min_p_key && b >= 0) atomicAdd(&s.hist.count[b], 1u);
+    }
+    __syncthreads();
+    FindCrossingBin<kFinishThreads>(s, kHistBins, 0, static_cast<double>(params.top_k), false);
+    floor_bin = s.found_bin;  // -1: fewer than k candidates within 32 logits: keep them all
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) s.collected = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < total; i += kFinishThreads) {
+    uint32_t key;
+    int32_t index;
+    candidate(i, &key, &index);
+    if (key < min_p_key || (floor_bin >= 0 && value_bin(key) < floor_bin)) continue;
+    const uint32_t slot = atomicAdd(&s.collected, 1u);
+    s.sort.key[slot] = key;
+    s.sort.index[slot] = index;
   }
   __syncthreads();
+  const int n = static_cast<int>(s.collected);
+  __syncthreads();
   SortDescending<kFinishThreads>(s, n);
-  const float row_max = summary.max_z;
   // min-p keeps a prefix; so does top-k within it (ties with the k-th key included).
   auto first_below = [&](uint32_t key, int limit) -> int {
     if (threadIdx.x == 0) s.cut = static_cast<uint32_t>(limit);
@@ -79,8 +115,7 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
     __syncthreads();
     return out;
   };
-  int kept = n;
-  if (params.min_p > 0.0f) kept = first_below(OrderedKey(row_max + logf(params.min_p)), kept);
+  int kept = n;  // min-p is already applied: every collected key is >= min_p_key
   if (params.top_k > 0 && params.top_k < kept) kept = first_below(s.sort.key[params.top_k - 1], kept);
   if (params.top_p > 0.0f && params.top_p < 1.0f) {
     double target;

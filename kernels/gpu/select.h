@@ -65,9 +65,10 @@ __device__ void SortDescending(SelectStorage& s, int n) {
   __syncthreads();
   for (int k = 2; k <= size; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < size; i += kThreads) {
-        const int partner = i ^ j;
-        if (partner <= i) continue;
+      // One thread per comparator (size / 2 of them): i is the lower index of pair t.
+      for (int t = threadIdx.x; t < size / 2; t += kThreads) {
+        const int i = 2 * t - (t & (j - 1));
+        const int partner = i + j;
         const uint32_t ka = s.sort.key[i], kb = s.sort.key[partner];
         const int32_t ia = s.sort.index[i], ib = s.sort.index[partner];
         const bool a_first = ka > kb || (ka == kb && ia < ib);
