@@ -113,7 +113,7 @@ template <DType kDType>
 __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassParams p) {
   using Reduce = BlockReduce<kChunkThreads>;
   __shared__ typename Reduce::Storage reduce;
-  __shared__ uint32_t thread_max[kChunkThreads / 32];
+  __shared__ uint32_t thread_max[kChunkThreads / kLogicalWarp];
   __shared__ uint32_t candidate_count;
 
   const int64_t row = blockIdx.y;
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   uint32_t overflow = 0;
   const bool collect = UsesCandidates(params, p.vocab) && (counts & 0xffff) == 0;
   if (collect) {
-    constexpr int kGroup = 32;
+    constexpr int kGroup = kLogicalWarp;
     constexpr int kGroups = kChunkThreads / kGroup;
     const uint32_t k = static_cast<uint32_t>(params.top_k);  // <= kMaxCandidateK
     const uint32_t m = (k + kGroups - 1) / kGroups;           // <= kGroup

@@ -110,7 +110,7 @@ __device__ __forceinline__ ArgMaxPair WaveArgMax(ArgMaxPair v) {
 // is the block size, a multiple of every wave size; every thread must call.
 template <int kThreads>
 struct BlockReduce {
-  static constexpr int kMaxWaves = kThreads / 32;  // waves are 32 or 64 lanes
+  static constexpr int kMaxWaves = kThreads / kMinWaveSize;
 
   struct Storage {
     float f[kMaxWaves];

@@ -84,6 +84,12 @@ inline constexpr int kWaveSize = __AMDGCN_WAVEFRONT_SIZE;
 inline constexpr int kWaveSize = 32;
 #endif
 
+// The smallest wave of any target: sizes per-wave scratch arrays for every wave size.
+inline constexpr int kMinWaveSize = 32;
+// Width of in-register sorts and of shuffles whose result must not depend on the wave size:
+// shuffles with this width stay within 32-lane segments on a 64-lane wave.
+inline constexpr int kLogicalWarp = 32;
+
 }  // namespace samplerd::kernels::gpu
 
 #endif  // SAMPLERD_KERNELS_GPU_PLATFORM_H_

@@ -69,10 +69,7 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
   };
   // Only the candidates in or above the 1/64-logit bin of the k-th largest need sorting: the
   // rest cannot survive top-k (sorting all ~4,000 candidates cost ~50 µs a row, NOTES.md v6).
-  auto value_bin = [&](uint32_t key) -> int {
-    const float d = (row_max - KeyToFloat(key)) * 64.0f;
-    return d < 2048.0f ? 2047 - static_cast<int>(d) : -1;
-  };
+  auto value_bin = [&](uint32_t key) { return ValueBin(row_max, KeyToFloat(key)); };
   int floor_bin = -1;  // keep every candidate
   if (params.top_k > 0) {
     ClearHistogram<kFinishThreads>(s, kHistBins);

@@ -176,6 +176,16 @@ __device__ uint32_t ResolveCollected(SelectStorage& s, uint64_t bin_above, doubl
   return result;
 }
 
+inline constexpr float kValueBinsPerLogit = 64.0f;
+
+// Bin of z in a histogram of kHistBins bins of 1 / kValueBinsPerLogit logit below the row max,
+// the top bin holding the max; -1 more than kHistBins / kValueBinsPerLogit (32) logits below.
+// Value bins spread a row's tokens over many bins, so few shared atomics collide.
+__device__ __forceinline__ int ValueBin(float row_max, float z) {
+  const float d = (row_max - z) * kValueBinsPerLogit;
+  return d < static_cast<float>(kHistBins) ? kHistBins - 1 - static_cast<int>(d) : -1;
+}
+
 // Zeroes bins [0, nbins) of s.hist, then waits for the block.
 template <int kThreads>
 __device__ void ClearHistogram(SelectStorage& s, int nbins) {
@@ -220,10 +230,7 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
     // First try bins of 1/64 logit below the row max: they spread a row's tokens over many bins
     // (few atomics collide) and the boundary bin is usually small. Tokens more than 32 below
     // the max weigh 0 in fixed point and are skipped.
-    auto value_bin = [&](float z) -> int {
-      const float d = (row_max - z) * 64.0f;
-      return d < 2048.0f ? 2047 - static_cast<int>(d) : -1;
-    };
+    auto value_bin = [&](float z) { return ValueBin(row_max, z); };
     ClearHistogram<kThreads>(s, kHistBins);
     source.ForEach([&](uint32_t key, int64_t, float z) {
       if (key < lo_key) return;
