@@ -1,5 +1,6 @@
 #include "service/core/cpu_backend.h"
 
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_sampler.h"
@@ -12,8 +13,14 @@ CpuSampler::CpuSampler(int threads) : pool_(threads) {
   device_.name = "CPU";
 }
 
-absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const void* host_logits,
+absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
                                 SampleResult* result) {
+  if (io.logits_on_device || io.output_on_device || io.ready_event != nullptr ||
+      io.done_event != nullptr) {
+    return absl::UnimplementedError(
+        "expected host memory for the CPU backend, got device memory or IPC events");
+  }
+  const void* host_logits = io.logits;
   const int64_t b = batch.batch;
   const int32_t n = batch.top_logprobs;
   result->token_ids.assign(b, -1);
@@ -60,6 +67,9 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const void* host_lo
       lp.top_ids.assign(top_ids.begin() + r * n, top_ids.begin() + (r + 1) * n);
       lp.top_values.assign(top_values.begin() + r * n, top_values.begin() + (r + 1) * n);
     }
+  }
+  if (io.output != nullptr) {
+    std::memcpy(io.output, result->token_ids.data(), result->token_ids.size() * sizeof(int32_t));
   }
   return absl::OkStatus();
 }

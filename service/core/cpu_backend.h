@@ -14,7 +14,7 @@ class CpuSampler final : public Sampler {
   // `threads` host threads (>= 1) share the rows of each batch.
   explicit CpuSampler(int threads);
 
-  absl::Status Sample(const ValidatedBatch& batch, const void* host_logits,
+  absl::Status Sample(const ValidatedBatch& batch, const SampleIo& io,
                       SampleResult* result) override;
   BackendKind kind() const override { return BackendKind::kCpu; }
   const DeviceInfo& device() const override { return device_; }

@@ -237,8 +237,14 @@ absl::Status GpuSampler::Warmup() {
   return absl::OkStatus();
 }
 
-absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const void* host_logits,
+absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
                                 SampleResult* result) {
+  if (io.logits_on_device || io.output != nullptr || io.ready_event != nullptr ||
+      io.done_event != nullptr) {
+    return absl::UnimplementedError(
+        "expected inline logits: GPU IPC regions and output regions are not wired yet");
+  }
+  const void* host_logits = io.logits;
   if (faulted_) {
     return absl::UnavailableError(absl::StrCat("the GPU backend on ", device_.pci_bus_id,
                                                " faulted earlier (", fault_,

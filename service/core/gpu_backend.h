@@ -39,7 +39,7 @@ class GpuSampler final : public Sampler {
   // cannot be allocated (the sampler stays usable); INTERNAL with the runtime's message for
   // any other runtime error, after which the sampler is faulted and every later call fails
   // with UNAVAILABLE (the GPU context may be lost: restart the process).
-  absl::Status Sample(const ValidatedBatch& batch, const void* host_logits,
+  absl::Status Sample(const ValidatedBatch& batch, const SampleIo& io,
                       SampleResult* result) override;
 
   // Samples a [2, 16] batch (one greedy row, one top-k row, top-1 logprobs) in each dtype, so

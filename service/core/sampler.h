@@ -22,6 +22,23 @@ struct DeviceInfo {
 
 enum class BackendKind { kCpu, kGpu };
 
+// Where one batch's logits are and where its outputs also go (issue #4 transports).
+struct SampleIo {
+  // Laid out as the batch says: host memory (inline bytes, host shm), or device memory of this
+  // sampler's device when `logits_on_device` (a GPU IPC region).
+  const void* logits = nullptr;
+  bool logits_on_device = false;
+  // GPU only: an opened IPC event the stream waits on before reading device logits.
+  void* ready_event = nullptr;
+  // Optional: B int32 token ids (-1 for invalid rows) are also written here, host memory or
+  // (when `output_on_device`) device memory of this sampler's device.
+  void* output = nullptr;
+  bool output_on_device = false;
+  // GPU only, with `output`: an opened IPC event recorded after `output` is written. The sampler
+  // then returns without waiting for the device, and `result` holds no tokens.
+  void* done_event = nullptr;
+};
+
 // Samples validated batches on one device. Calls come from that device's executor thread, one
 // at a time, so implementations need not be thread-safe.
 class Sampler {
@@ -34,10 +51,11 @@ class Sampler {
   // cannot serve. The default does nothing.
   virtual absl::Status Warmup() { return absl::OkStatus(); }
 
-  // Samples `batch` whose logits are at `host_logits` (host memory, laid out as the batch says)
-  // and fills result->token_ids, row_status and (when asked) logprobs. Returns a non-OK status
-  // only for device faults; bad rows are reported per row.
-  virtual absl::Status Sample(const ValidatedBatch& batch, const void* host_logits,
+  // Samples `batch` from io.logits and fills result->token_ids, row_status and (when asked)
+  // logprobs, and io.output when given. The core only passes device pointers, events and
+  // device outputs to a sampler whose DeviceInfo says it supports them (UNIMPLEMENTED
+  // otherwise). Returns a non-OK status for device faults; bad rows are reported per row.
+  virtual absl::Status Sample(const ValidatedBatch& batch, const SampleIo& io,
                               SampleResult* result) = 0;
 
   // True once a fault has left the backend unable to sample (e.g. a sticky GPU error that

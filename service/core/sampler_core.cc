@@ -115,7 +115,9 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
     SampleResult result;
     result.request_id = request.request_id;
     result.seeds = std::move(batch.seeds);
-    absl::Status status = sampler_->Sample(batch, request.inline_data.data(), &result);
+    SampleIo io;
+    io.logits = request.inline_data.data();
+    absl::Status status = sampler_->Sample(batch, io, &result);
     const absl::Time end = absl::Now();
     result.timings.queue = start - request.arrival;
     result.timings.compute = end - start;

@@ -20,7 +20,7 @@ using ::testing::HasSubstr;
 // when set; with sticky_ the first fault leaves it faulted(), like a GPU with a lost context.
 class FakeSampler : public Sampler {
  public:
-  absl::Status Sample(const ValidatedBatch& batch, const void*, SampleResult* result) override {
+  absl::Status Sample(const ValidatedBatch& batch, const SampleIo&, SampleResult* result) override {
     if (hold_ != nullptr) hold_->WaitForNotification();
     ++calls_;
     for (int64_t r = 0; r < batch.batch; ++r) {
