@@ -214,7 +214,9 @@ absl::Status GpuSampler::Warmup() {
     batch.top_logprobs = 1;
     const std::vector<char> logits = RisingLogits(dtype, batch.batch, kVocab);
     SampleResult result;
-    const absl::Status status = Sample(batch, logits.data(), &result);
+    SampleIo io;
+    io.logits = logits.data();
+    const absl::Status status = Sample(batch, io, &result);
     const std::string what =
         absl::StrCat("the ", DTypeName(dtype), " warm-up batch on GPU ", device_.pci_bus_id);
     if (!status.ok()) {
