@@ -23,14 +23,14 @@ inline constexpr int kCandidateCap = 1024;  // candidates a chunk may emit
 
 // What pass 1 learns about one chunk of one row.
 struct ChunkStats {
-  float max_z;         // max of z = x / T over the chunk (-inf when every z is -inf)
-  float sum_exp_z;     // sum of exp(z - max_z) over finite z, for JOINT top-p rows only
-  float max_x;         // max of x (NaN excluded)
-  float sum_exp_x;     // sum of exp(x - max_x) over finite x, when raw logprobs are asked for
-  int64_t argmax_x;    // lowest index holding max_x
+  float max_z;       // max of z = x / T over the chunk (-inf when every z is -inf)
+  float sum_exp_z;   // sum of exp(z - max_z) over finite z, for JOINT top-p rows only
+  float max_x;       // max of x (NaN excluded)
+  float sum_exp_x;   // sum of exp(x - max_x) over finite x, when raw logprobs are asked for
+  int64_t argmax_x;  // lowest index holding max_x
   uint32_t nan_count;
-  uint32_t pos_inf_x;  // x == +inf
-  uint32_t pos_inf_z;  // z == +inf
+  uint32_t pos_inf_x;      // x == +inf
+  uint32_t pos_inf_z;      // z == +inf
   uint32_t not_neg_inf_x;  // x > -inf
   uint32_t candidates;     // candidates written
   uint32_t overflow;       // 1: the chunk had more than kCandidateCap candidates
@@ -187,18 +187,17 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   // Counts are at most 8192 each: pack them 16 bits apart for one reduction.
   const uint64_t counts = Reduce::SumU64(
       reduce, static_cast<uint64_t>(nan) | (static_cast<uint64_t>(pinf_x) << 16) |
-                  (static_cast<uint64_t>(pinf_z) << 32) |
-                  (static_cast<uint64_t>(finite_x) << 48));
-  const ArgMaxPair best = Reduce::ArgMax(
-      reduce, ArgMaxPair{best_x, best_i < 0 ? INT64_MAX : ItemIndex(begin, best_i)});
+                  (static_cast<uint64_t>(pinf_z) << 32) | (static_cast<uint64_t>(finite_x) << 48));
+  const ArgMaxPair best =
+      Reduce::ArgMax(reduce, ArgMaxPair{best_x, best_i < 0 ? INT64_MAX : ItemIndex(begin, best_i)});
   const float thread_max_z = max_z;
   if (!greedy) max_z = Reduce::Max(reduce, max_z);
   if (draws) draw = Reduce::ArgMax(reduce, draw);
 
   // Pass 2, only where the full row's mass is needed: JOINT top-p.
   float sum_z = 0.0f;
-  if (!greedy && params.top_p_mode == TopPMode::kJoint && params.top_p < 1.0f &&
-      max_z > -kInfF && max_z < kInfF) {
+  if (!greedy && params.top_p_mode == TopPMode::kJoint && params.top_p < 1.0f && max_z > -kInfF &&
+      max_z < kInfF) {
     for_items([&](int64_t, float v) {
       const float z = temper(v);
       if (z > -kInfF && z < kInfF) sum_z += expf(z - max_z);
@@ -226,7 +225,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     constexpr int kGroup = kLogicalWarp;
     constexpr int kGroups = kChunkThreads / kGroup;
     const uint32_t k = static_cast<uint32_t>(params.top_k);  // <= kMaxCandidateK
-    const uint32_t m = (k + kGroups - 1) / kGroups;           // <= kGroup
+    const uint32_t m = (k + kGroups - 1) / kGroups;          // <= kGroup
     const int lane = static_cast<int>(threadIdx.x) % kGroup;
     uint32_t v = thread_max_z > -kInfF ? OrderedKey(thread_max_z) : 0u;
     for (int size = 2; size <= kGroup; size <<= 1) {

@@ -97,9 +97,9 @@ __device__ __forceinline__ uint64_t WaveSumU64(uint64_t v) {
 }
 __device__ __forceinline__ ArgMaxPair WaveArgMax(ArgMaxPair v) {
   for (int o = kWaveSize / 2; o > 0; o >>= 1) {
-    const ArgMaxPair other{__shfl_xor(v.value, o, kWaveSize),
-                           static_cast<int64_t>(__shfl_xor(static_cast<long long>(v.index), o,
-                                                           kWaveSize))};
+    const ArgMaxPair other{
+        __shfl_xor(v.value, o, kWaveSize),
+        static_cast<int64_t>(__shfl_xor(static_cast<long long>(v.index), o, kWaveSize))};
     if (Better(other, v)) v = other;
   }
   return v;

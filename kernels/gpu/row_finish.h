@@ -74,7 +74,7 @@ struct RowSource {
 
 // The items of a row's chunk candidates (a superset of its top-k).
 struct CandidateSource {
-  const uint32_t* key;     // [chunks, kCandidateCap] of this row
+  const uint32_t* key;  // [chunks, kCandidateCap] of this row
   const int32_t* index;
   const ChunkStats* stats;  // [chunks] of this row
   int chunks;

@@ -22,22 +22,21 @@ constexpr int32_t kMaxGpuTopLogprobs = kSortCap / 2;
 // the smallest surviving key, *mass and *count the survivors' fixed-point mass and number.
 template <class Source>
 __device__ int64_t FilterAndDraw(const Source& source, const RowParams& params, int64_t vocab,
-                                 const RowSummary& summary, FinishShared& sh,
-                                 uint32_t* threshold, uint64_t* mass, uint64_t* count) {
+                                 const RowSummary& summary, FinishShared& sh, uint32_t* threshold,
+                                 uint64_t* mass, uint64_t* count) {
   const float row_max = summary.max_z;
   uint32_t t = 0;
   if (params.min_p > 0.0f) t = OrderedKey(row_max + logf(params.min_p));
   if (params.top_k > 0 && params.top_k < vocab) {
     t = SelectThreshold<kFinishThreads>(source, t, /*by_mass=*/false, row_max, 0.0, -1.0,
-                                        static_cast<double>(params.top_k), sh.select,
-                                        sh.reduce);
+                                        static_cast<double>(params.top_k), sh.select, sh.reduce);
   }
   if (params.top_p > 0.0f && params.top_p < 1.0f) {
     const double joint = params.top_p_mode == TopPMode::kJoint
                              ? static_cast<double>(summary.sum_exp_z) * kMassScale
                              : -1.0;
-    t = SelectThreshold<kFinishThreads>(source, t, /*by_mass=*/true, row_max, params.top_p,
-                                        joint, 0.0, sh.select, sh.reduce);
+    t = SelectThreshold<kFinishThreads>(source, t, /*by_mass=*/true, row_max, params.top_p, joint,
+                                        0.0, sh.select, sh.reduce);
   }
   *threshold = t;
   return GumbelDraw(source, t, /*noise_only=*/false, row_max, params, sh, mass, count);
@@ -53,14 +52,16 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
   const int total = static_cast<int>(summary.candidate_total);
   const int64_t base = row * p.chunks * static_cast<int64_t>(kCandidateCap);
   const float row_max = summary.max_z;
-  const uint32_t min_p_key =
-      params.min_p > 0.0f ? OrderedKey(row_max + logf(params.min_p)) : 0u;
+  const uint32_t min_p_key = params.min_p > 0.0f ? OrderedKey(row_max + logf(params.min_p)) : 0u;
   // Candidate i lives in the chunk whose offset range holds it; every load is independent.
   auto candidate = [&](int i, uint32_t* key, int32_t* index) {
     int lo = 0, hi = p.chunks - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (sh.candidate_offset[mid] <= static_cast<uint32_t>(i)) lo = mid; else hi = mid - 1;
+      if (sh.candidate_offset[mid] <= static_cast<uint32_t>(i))
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     const int64_t slot = base + lo * static_cast<int64_t>(kCandidateCap) +
                          (i - static_cast<int>(sh.candidate_offset[lo]));
@@ -113,12 +114,13 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
     return out;
   };
   int kept = n;  // min-p is already applied: every collected key is >= min_p_key
-  if (params.top_k > 0 && params.top_k < kept) kept = first_below(s.sort.key[params.top_k - 1], kept);
+  if (params.top_k > 0 && params.top_k < kept)
+    kept = first_below(s.sort.key[params.top_k - 1], kept);
   if (params.top_p > 0.0f && params.top_p < 1.0f) {
     double target;
     if (params.top_p_mode == TopPMode::kJoint) {
-      target = static_cast<double>(params.top_p) * static_cast<double>(summary.sum_exp_z) *
-               kMassScale;
+      target =
+          static_cast<double>(params.top_p) * static_cast<double>(summary.sum_exp_z) * kMassScale;
     } else {
       uint64_t w = 0;
       for (int i = threadIdx.x; i < kept; i += kFinishThreads) {
@@ -135,8 +137,8 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
   for (int i = threadIdx.x; i < kept; i += kFinishThreads) {
     const int64_t j = s.sort.index[i];
     const float z = KeyToFloat(s.sort.key[i]);
-    const ArgMaxPair scored{z + GumbelNoise(params.seed, params.position,
-                                            static_cast<uint64_t>(j)), j};
+    const ArgMaxPair scored{z + GumbelNoise(params.seed, params.position, static_cast<uint64_t>(j)),
+                            j};
     if (Better(scored, best)) best = scored;
     my_mass += FixedMass(z, row_max);
   }
@@ -149,7 +151,7 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
 
 // Which tokens have a finite logprob (the "eligible" ones) and what it is.
 struct LogprobView {
-  bool point_mass = false;  // only `token`, logprob 0
+  bool point_mass = false;   // only `token`, logprob 0
   float temperature = 1.0f;  // eligible: z = x / temperature > -inf and key(z) >= lo
   uint32_t lo = 0;
   bool constant = false;  // every eligible token has logprob `value_constant`
@@ -182,7 +184,8 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
   if (!view.point_mass) {
     const uint32_t token_key = OrderedKey(token_z);
     uint64_t mine = 0;
-    source.ForEach([&](uint32_t key, int64_t, float) { mine += key >= view.lo && key > token_key; });
+    source.ForEach(
+        [&](uint32_t key, int64_t, float) { mine += key >= view.lo && key > token_key; });
     above = Reduce::SumU64(sh.reduce, mine);
   }
   if (threadIdx.x == 0) {
@@ -204,8 +207,7 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
     }
   } else if (listed > 0) {
     const uint32_t t = SelectThreshold<kFinishThreads>(source, view.lo, false, 0.0f, 0.0, -1.0,
-                                                       static_cast<double>(listed), s,
-                                                       sh.reduce);
+                                                       static_cast<double>(listed), s, sh.reduce);
     if (threadIdx.x == 0) s.collected = 0;
     __syncthreads();
     source.ForEach([&](uint32_t key, int64_t j, float) {
@@ -399,8 +401,7 @@ int Launch(const SampleArgs& args, ChunkPassParams chunk, RowFinishParams finish
            hipStream_t stream) {
   const dim3 chunk_grid(static_cast<unsigned>(chunk.chunks), static_cast<unsigned>(args.batch));
   ChunkPassKernel<kDType><<<chunk_grid, kChunkThreads, 0, stream>>>(chunk);
-  RowFinishKernel<kDType><<<static_cast<unsigned>(args.batch), kFinishThreads, 0, stream>>>(
-      finish);
+  RowFinishKernel<kDType><<<static_cast<unsigned>(args.batch), kFinishThreads, 0, stream>>>(finish);
   return static_cast<int>(hipGetLastError());
 }
 
@@ -413,8 +414,8 @@ size_t SampleWorkspaceBytes(int64_t batch, int64_t vocab, int32_t) {
 
 int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stream stream) {
   if (args.batch <= 0 || args.batch > 65535 || args.vocab <= 0 ||
-      ChunksPerRow(args.vocab) > kMaxStagedChunks ||
-      args.row_stride < args.vocab || args.top_logprobs > kMaxGpuTopLogprobs ||
+      ChunksPerRow(args.vocab) > kMaxStagedChunks || args.row_stride < args.vocab ||
+      args.top_logprobs > kMaxGpuTopLogprobs ||
       (args.params_count != 1 && args.params_count != args.batch) ||
       workspace_bytes < SampleWorkspaceBytes(args.batch, args.vocab, args.top_logprobs)) {
     return static_cast<int>(hipErrorInvalidValue);
@@ -429,15 +430,26 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
   auto* candidate_index = reinterpret_cast<int32_t*>(ws);
 
   const bool raw = args.top_logprobs >= 0 && args.logprob_source == LogprobSource::kRaw;
-  const ChunkPassParams chunk{args.logits, args.vocab,   args.row_stride, args.params,
-                              args.params_count, chunks, raw,  stats,
-                              candidate_key,     candidate_index};
-  const RowFinishParams finish{args.logits,      args.vocab,        args.row_stride,
-                               args.params,      args.params_count, chunks,
-                               stats,            candidate_key,     candidate_index,
-                               args.top_logprobs, args.logprob_source, args.token_ids,
-                               args.status,      args.sampled_logprob, args.sampled_rank,
-                               args.top_ids,     args.top_values};
+  const ChunkPassParams chunk{
+      args.logits, args.vocab, args.row_stride, args.params,   args.params_count,
+      chunks,      raw,        stats,           candidate_key, candidate_index};
+  const RowFinishParams finish{args.logits,
+                               args.vocab,
+                               args.row_stride,
+                               args.params,
+                               args.params_count,
+                               chunks,
+                               stats,
+                               candidate_key,
+                               candidate_index,
+                               args.top_logprobs,
+                               args.logprob_source,
+                               args.token_ids,
+                               args.status,
+                               args.sampled_logprob,
+                               args.sampled_rank,
+                               args.top_ids,
+                               args.top_values};
   auto* s = static_cast<hipStream_t>(stream);
   switch (args.dtype) {
     case DType::kFp32:

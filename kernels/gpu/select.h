@@ -14,10 +14,10 @@
 
 namespace samplerd::kernels::gpu {
 
-inline constexpr int kHistBits = 11;        // digits: bits 31..21, 20..10, 9..0
+inline constexpr int kHistBits = 11;  // digits: bits 31..21, 20..10, 9..0
 inline constexpr int kHistBins = 1 << kHistBits;
-inline constexpr int kSortCap = 4096;       // boundary bins up to this size are sorted on chip
-inline constexpr int kScanSegments = 64;    // bins are searched in this many segments
+inline constexpr int kSortCap = 4096;     // boundary bins up to this size are sorted on chip
+inline constexpr int kScanSegments = 64;  // bins are searched in this many segments
 
 // Shared memory of SelectThreshold; the histogram and the sort buffers are never live together.
 struct SelectStorage {
@@ -135,9 +135,8 @@ __device__ void FindCrossingBin(SelectStorage& s, int nbins, uint64_t above, dou
 // before it. Returns the cut: the first tie-group start whose weight above reaches `target`
 // (n when none does). Items before the cut are kept.
 template <int kThreads>
-__device__ uint32_t CutSorted(SelectStorage& s, int n, uint64_t above, double target,
-                              bool by_mass, float row_max,
-                              typename BlockReduce<kThreads>::Storage& reduce) {
+__device__ uint32_t CutSorted(SelectStorage& s, int n, uint64_t above, double target, bool by_mass,
+                              float row_max, typename BlockReduce<kThreads>::Storage& reduce) {
   // Exclusive prefix weights; each thread owns consecutive items.
   constexpr int kPer = kSortCap / kThreads;
   const int first = static_cast<int>(threadIdx.x) * kPer;
@@ -240,8 +239,8 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
       AddBinWeight(s, b, static_cast<uint32_t>(FixedMass(z, row_max)));
     });
     __syncthreads();
-    target = p * (joint_total >= 0.0 ? joint_total
-                                     : static_cast<double>(HistogramTotal<kThreads>(s)));
+    target =
+        p * (joint_total >= 0.0 ? joint_total : static_cast<double>(HistogramTotal<kThreads>(s)));
     FindCrossingBin<kThreads>(s, kHistBins, 0, target, true);
     const int bin = s.found_bin;
     if (bin < 0) return lo_key;
@@ -277,8 +276,8 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
     });
     __syncthreads();
     if (round == 0 && by_mass) {
-      target = p * (joint_total >= 0.0 ? joint_total
-                                       : static_cast<double>(HistogramTotal<kThreads>(s)));
+      target =
+          p * (joint_total >= 0.0 ? joint_total : static_cast<double>(HistogramTotal<kThreads>(s)));
     }
     FindCrossingBin<kThreads>(s, nbins, above, target, by_mass);
     const int bin = s.found_bin;
