@@ -35,8 +35,18 @@ __device__ int64_t FilterAndDraw(const Source& source, const RowParams& params, 
     const double joint = params.top_p_mode == TopPMode::kJoint
                              ? static_cast<double>(summary.sum_exp_z) * kMassScale
                              : -1.0;
+    FusedDraw draw;
+    draw.enabled = true;
+    draw.seed = params.seed;
+    draw.position = params.position;
     t = SelectThreshold<kFinishThreads>(source, t, /*by_mass=*/true, row_max, params.top_p, joint,
-                                        0.0, sh.select, sh.reduce);
+                                        0.0, sh.select, sh.reduce, &draw);
+    if (draw.done) {
+      *threshold = t;
+      *mass = draw.mass;
+      *count = draw.count;
+      return draw.best.index;
+    }
   }
   *threshold = t;
   return GumbelDraw(source, t, /*noise_only=*/false, row_max, params, sh, mass, count);

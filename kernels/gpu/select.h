@@ -219,11 +219,25 @@ __device__ uint64_t HistogramTotal(SelectStorage& s) {
 // row or list once per block). Weights: 1 per item, or FixedMass(z, row_max) when by_mass. The
 // target is count_target, or (by_mass) p * joint_total when joint_total >= 0, else p * (the
 // eligible mass). Costs one pass over the source per radix round (1-3) plus one to collect.
+// Optional work fused into SelectThreshold's last pass (the top-p filter of a row read from
+// memory): the Gumbel-max draw over the kept items, so the row is not read a third time
+// (NOTES.md v7). `done` says whether it happened (only on the value-bin path).
+struct FusedDraw {
+  bool enabled = false;
+  uint64_t seed = 0;
+  uint64_t position = 0;
+  bool done = false;
+  ArgMaxPair best{-__builtin_huge_valf(), INT64_MAX};
+  uint64_t mass = 0;   // fixed-point mass of the kept items
+  uint64_t count = 0;  // their number
+};
+
 template <int kThreads, class Source>
 __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool by_mass,
                                     float row_max, double p, double joint_total,
                                     double count_target, SelectStorage& s,
-                                    typename BlockReduce<kThreads>::Storage& reduce) {
+                                    typename BlockReduce<kThreads>::Storage& reduce,
+                                    FusedDraw* draw = nullptr) {
   double target = count_target;
   if (by_mass) {
     // First try bins of 1/64 logit below the row max: they spread a row's tokens over many bins
@@ -246,17 +260,52 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
     if (bin < 0) return lo_key;
     if (s.hist.count[bin] <= static_cast<uint32_t>(kSortCap)) {
       const uint64_t bin_above = s.found_above;
+      const bool drawing = draw != nullptr && draw->enabled;
+      uint64_t count_above = 0;  // items in bins above the boundary bin
+      if (drawing) {
+        uint64_t mine = 0;
+        for (int b = bin + 1 + static_cast<int>(threadIdx.x); b < kHistBins; b += kThreads) {
+          mine += s.hist.count[b];
+        }
+        count_above = BlockReduce<kThreads>::SumU64(reduce, mine);
+      }
       __syncthreads();
       if (threadIdx.x == 0) s.collected = 0;
       __syncthreads();
+      ArgMaxPair best{-kInfF, INT64_MAX};
       source.ForEach([&](uint32_t key, int64_t index, float z) {
-        if (key < lo_key || value_bin(z) != bin) return;
+        if (key < lo_key) return;
+        const int b = value_bin(z);
+        if (b > bin && drawing) {  // kept for sure: compete in the draw now
+          const ArgMaxPair scored{
+              z + GumbelNoise(draw->seed, draw->position, static_cast<uint64_t>(index)), index};
+          if (Better(scored, best)) best = scored;
+        }
+        if (b != bin) return;
         const uint32_t slot = atomicAdd(&s.collected, 1u);
         s.sort.key[slot] = key;
         s.sort.index[slot] = static_cast<int32_t>(index);
       });
       __syncthreads();
-      return ResolveCollected<kThreads>(s, bin_above, target, by_mass, row_max, reduce);
+      if (!drawing) return ResolveCollected<kThreads>(s, bin_above, target, by_mass, row_max, reduce);
+      const int n = static_cast<int>(s.collected);
+      SortDescending<kThreads>(s, n);
+      const uint32_t cut = CutSorted<kThreads>(s, n, bin_above, target, by_mass, row_max, reduce);
+      uint64_t kept_mass = 0;
+      for (int i = threadIdx.x; i < static_cast<int>(cut); i += kThreads) {
+        const int64_t index = s.sort.index[i];
+        const float z = KeyToFloat(s.sort.key[i]);
+        const ArgMaxPair scored{
+            z + GumbelNoise(draw->seed, draw->position, static_cast<uint64_t>(index)), index};
+        if (Better(scored, best)) best = scored;
+        kept_mass += FixedMass(z, row_max);
+      }
+      const uint32_t result = s.sort.key[cut == 0 ? 0 : cut - 1];
+      draw->best = BlockReduce<kThreads>::ArgMax(reduce, best);
+      draw->mass = bin_above + BlockReduce<kThreads>::SumU64(reduce, kept_mass);
+      draw->count = count_above + cut;
+      draw->done = true;
+      return result;
     }
     __syncthreads();  // a crowded bin (many equal values): exact radix rounds below
   }
