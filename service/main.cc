@@ -20,7 +20,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "service/core/host_shm.h"
 #include "service/core/sampler_core.h"
+#include "service/core/status_macros.h"
 #include "service/grpc/server.h"
 
 ABSL_FLAG(std::string, listen, "unix:///run/samplerd/samplerd.sock",
@@ -37,6 +39,12 @@ ABSL_FLAG(int32_t, threads, 0, "Host threads of the CPU backend; 0 = one per cor
 ABSL_FLAG(int64_t, max_batch, 4096, "Largest batch size B accepted.");
 ABSL_FLAG(int64_t, max_vocab, 1 << 22, "Largest vocabulary size V accepted.");
 ABSL_FLAG(int32_t, max_top_logprobs, 64, "Largest LogprobOptions.top_n accepted.");
+ABSL_FLAG(std::string, shm_prefix, "/samplerd-",
+          "Required start of host shared-memory keys in RegisterRegion (a '/' and at least one "
+          "more character, no further '/' or \"..\"). Keys are refused otherwise.");
+ABSL_FLAG(bool, allow_remote_regions, false,
+          "Serve RegisterRegion, UnregisterRegion, ListRegions and requests that name a region "
+          "to TCP clients too. By default only clients on a unix socket may use regions.");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
           "On SIGTERM/SIGINT or a backend fault: how long in-flight calls may take to finish "
           "(e.g. 10s, 500ms).");
@@ -88,6 +96,8 @@ absl::StatusOr<samplerd::core::CoreOptions> CoreOptionsFromFlags() {
     return absl::InvalidArgumentError(
         "expected --max_batch >= 1, --max_vocab >= 1 and --max_top_logprobs >= 0");
   }
+  options.regions.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
+  RETURN_IF_ERROR(samplerd::core::ValidateShmPrefix(options.regions.shm_prefix));
   if (absl::GetFlag(FLAGS_grace_period) < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("expected --grace_period >= 0");
   }
@@ -126,6 +136,7 @@ int main(int argc, char** argv) {
   samplerd::grpc_transport::ServerOptions server_options;
   server_options.listen = absl::StrSplit(absl::GetFlag(FLAGS_listen), ',', absl::SkipEmpty());
   server_options.max_message_bytes = static_cast<int>(core_options->limits.max_message_bytes);
+  server_options.allow_remote_regions = absl::GetFlag(FLAGS_allow_remote_regions);
   absl::StatusOr<std::unique_ptr<samplerd::grpc_transport::SamplerServer>> server =
       samplerd::grpc_transport::SamplerServer::Start(server_options, core->get());
   if (!server.ok()) return Fail("cannot start the gRPC server", server.status());
@@ -152,6 +163,10 @@ int main(int argc, char** argv) {
   const absl::Time deadline = absl::Now() + grace;
   (*server)->Shutdown(deadline);
   const bool drained = (*core)->Drain(deadline);
+  // Unmap every region and close the cached IPC events once nothing uses them. Work still in
+  // flight at the deadline may read a region: then the core's destructor closes them after
+  // its executor has finished.
+  if (drained) (*core)->CloseRegions();
   // Also a fault during a SIGTERM drain: the device needs a new process either way.
   const bool faulted = (*core)->faulted();
   server->reset();

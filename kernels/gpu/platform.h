@@ -21,6 +21,16 @@ using hipIpcEventHandle_t = cudaIpcEventHandle_t;
 #define hipSuccess cudaSuccess
 #define hipErrorInvalidValue cudaErrorInvalidValue
 #define hipErrorNoDevice cudaErrorNoDevice
+#define hipErrorOutOfMemory cudaErrorMemoryAllocation
+#define hipErrorNotInitialized cudaErrorInitializationError
+#define hipErrorDeinitialized cudaErrorCudartUnloading
+#define hipErrorInsufficientDriver cudaErrorInsufficientDriver
+#define hipErrorInvalidDevice cudaErrorInvalidDevice
+#define hipErrorPeerAccessUnsupported cudaErrorPeerAccessUnsupported
+#define hipErrorOperatingSystem cudaErrorOperatingSystem
+#define hipErrorIllegalAddress cudaErrorIllegalAddress
+#define hipErrorLaunchFailure cudaErrorLaunchFailure
+#define hipErrorNotSupported cudaErrorNotSupported
 
 // Runtime calls.
 #define hipGetDeviceCount cudaGetDeviceCount

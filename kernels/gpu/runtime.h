@@ -1,10 +1,13 @@
 // A thin, plain-C++ view of the GPU runtime (HIP or CUDA) for the server: device discovery,
-// memory, streams. Implemented in runtime.hip, compiled by hipcc or nvcc; returns the runtime's
-// integer error codes (0 = success).
+// memory, streams, events and IPC. Implemented in runtime.hip, compiled by hipcc or nvcc; returns
+// the runtime's integer error codes (0 = success). No HIP or CUDA header leaks out of here: the
+// service and the tests include it with the host compiler.
 #ifndef SAMPLERD_KERNELS_GPU_RUNTIME_H_
 #define SAMPLERD_KERNELS_GPU_RUNTIME_H_
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -42,8 +45,63 @@ int StreamDestroy(Stream stream);
 int StreamSynchronize(Stream stream);
 int CopyToDevice(void* dst, const void* src, size_t bytes, Stream stream);
 int CopyToHost(void* dst, const void* src, size_t bytes, Stream stream);
+int CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream);
+// Waits for all work on the current device (every stream).
+int DeviceSynchronize();
 // The sticky-error check after a fault: the runtime's last error, cleared.
 int LastError();
+
+// --- Events ---------------------------------------------------------------------------------
+// hipEvent_t / cudaEvent_t, as an opaque pointer.
+using Event = void*;
+
+// `interprocess`: an event that can be exported with IpcGetEventHandle (timing disabled, as the
+// runtime requires); otherwise a timing event for EventElapsedMs.
+int EventCreate(Event* event, bool interprocess);
+// Destroys an event made by EventCreate or opened by IpcOpenEventHandle. Safe while work that
+// records or waits on it is pending: the runtime releases it once that work is done.
+int EventDestroy(Event event);
+int EventRecord(Event event, Stream stream);
+int EventSynchronize(Event event);
+int EventElapsedMs(float* ms, Event start, Event end);
+// Makes later work on `stream` wait until `event` completes, without blocking the host. An
+// event never recorded counts as complete.
+int StreamWaitEvent(Stream stream, Event event);
+
+// --- IPC --------------------------------------------------------------------------------------
+// Memory and event handles are 64 opaque bytes on both runtimes (cudaIpcMemHandle_t,
+// hipIpcMemHandle_t, and their event twins); runtime.hip checks the sizes at compile time.
+inline constexpr size_t kIpcHandleBytes = 64;
+using IpcHandleBytes = std::array<uint8_t, kIpcHandleBytes>;
+
+// Maps the allocation that another process exported with IpcGetMemHandle into this process, on
+// the current device; *ptr receives the allocation's base. Peer access is enabled lazily when
+// the allocation lives on another device. The same process may not open its own handles (the
+// runtime refuses). Close with IpcCloseMemHandle.
+int IpcOpenMemHandle(void** ptr, const IpcHandleBytes& handle);
+int IpcCloseMemHandle(void* ptr);
+// The base and byte size of the device allocation that contains `ptr` (for an IPC mapping: the
+// exporter's whole allocation). HIP: hipMemGetAddressRange. CUDA: the runtime API has no such
+// call (cudaPointerGetAttributes gives no size), so this calls the driver's
+// cuMemGetAddressRange_v2, resolved at first use with dlopen("libcuda.so.1"), so that the
+// binary still starts on a machine without the NVIDIA driver (the call then returns
+// cudaErrorInsufficientDriver). The driver's error codes are returned as they are: the runtime's
+// codes mirror them for everything this call can fail with (1 invalid value, 3 not initialised,
+// 201 invalid context, ...). Needs the device's context current (any runtime call on the device
+// made on this thread before it, e.g. the IpcOpenMemHandle).
+int MemoryRange(const void* ptr, void** base, size_t* size);
+// Opens an event that another process exported with IpcGetEventHandle; destroy with
+// EventDestroy.
+int IpcOpenEventHandle(Event* event, const IpcHandleBytes& handle);
+// True when `code`, returned by IpcOpenMemHandle or IpcOpenEventHandle, is a state of this
+// process, runtime or device (no driver or device, peer access, out of memory) rather than a
+// handle that the runtime rejects (stale, freed, made in this process, not a handle at all).
+bool IsRuntimeStateError(int code);
+
+// Exporter side (tests, benchmarks): the handle of the allocation that holds `ptr` (device
+// memory from DeviceMalloc), and of an interprocess event.
+int IpcGetMemHandle(IpcHandleBytes* handle, void* ptr);
+int IpcGetEventHandle(IpcHandleBytes* handle, Event event);
 
 }  // namespace samplerd::kernels::gpu
 

@@ -9,12 +9,39 @@
 #include <cstring>
 #include <utility>
 
+#if !defined(__HIPCC__)
+#include <dlfcn.h>
+#endif
+
 #include "kernels/gpu/platform.h"
 
 namespace samplerd::kernels::gpu {
 namespace {
 
 hipStream_t AsHipStream(Stream stream) { return static_cast<hipStream_t>(stream); }
+hipEvent_t AsHipEvent(Event event) { return static_cast<hipEvent_t>(event); }
+
+static_assert(sizeof(hipIpcMemHandle_t) == kIpcHandleBytes, "IPC memory handles are 64 bytes");
+static_assert(sizeof(hipIpcEventHandle_t) == kIpcHandleBytes, "IPC event handles are 64 bytes");
+
+#if !defined(__HIPCC__)
+// cuMemGetAddressRange_v2 from the driver, found once with dlopen/dlsym: linking libcuda would
+// stop the binary from starting on a machine without the NVIDIA driver (where the CPU backend
+// must still run). cudart itself loads libcuda.so.1 the same way, so this is the same library.
+// CUresult (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr), CUdeviceptr = unsigned long
+// long on 64-bit hosts.
+using CuMemGetAddressRange = int (*)(unsigned long long*, size_t*, unsigned long long);
+
+CuMemGetAddressRange DriverMemGetAddressRange() {
+  static const CuMemGetAddressRange fn = []() -> CuMemGetAddressRange {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return nullptr;
+    // Never dlclose'd: cudart keeps the driver loaded for the life of the process anyway.
+    return reinterpret_cast<CuMemGetAddressRange>(dlsym(lib, "cuMemGetAddressRange_v2"));
+  }();
+  return fn;
+}
+#endif
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", the form nvidia-smi and CUDA_VISIBLE_DEVICES use.
 std::string FormatUuidBytes(const unsigned char (&b)[16]) {
@@ -181,6 +208,116 @@ int CopyToHost(void* dst, const void* src, size_t bytes, Stream stream) {
   return hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToHost, AsHipStream(stream));
 }
 
+int CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream) {
+  return hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToDevice, AsHipStream(stream));
+}
+
+int DeviceSynchronize() { return hipDeviceSynchronize(); }
+
 int LastError() { return hipGetLastError(); }
+
+int EventCreate(Event* event, bool interprocess) {
+  hipEvent_t e = nullptr;
+  const unsigned flags = interprocess ? (hipEventDisableTiming | hipEventInterprocess) : 0u;
+  const hipError_t status = hipEventCreateWithFlags(&e, flags);
+  *event = status == hipSuccess ? static_cast<Event>(e) : nullptr;
+  return status;
+}
+
+int EventDestroy(Event event) { return hipEventDestroy(AsHipEvent(event)); }
+
+int EventRecord(Event event, Stream stream) {
+  return hipEventRecord(AsHipEvent(event), AsHipStream(stream));
+}
+
+int EventSynchronize(Event event) { return hipEventSynchronize(AsHipEvent(event)); }
+
+int EventElapsedMs(float* ms, Event start, Event end) {
+  return hipEventElapsedTime(ms, AsHipEvent(start), AsHipEvent(end));
+}
+
+int StreamWaitEvent(Stream stream, Event event) {
+  return hipStreamWaitEvent(AsHipStream(stream), AsHipEvent(event), 0);
+}
+
+int IpcOpenMemHandle(void** ptr, const IpcHandleBytes& handle) {
+  hipIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  *ptr = nullptr;
+  return hipIpcOpenMemHandle(ptr, h, hipIpcMemLazyEnablePeerAccess);
+}
+
+int IpcCloseMemHandle(void* ptr) { return hipIpcCloseMemHandle(ptr); }
+
+int MemoryRange(const void* ptr, void** base, size_t* size) {
+  *base = nullptr;
+  *size = 0;
+#if defined(__HIPCC__)
+  return hipMemGetAddressRange(base, size, const_cast<void*>(ptr));
+#else
+  const CuMemGetAddressRange fn = DriverMemGetAddressRange();
+  if (fn == nullptr) return cudaErrorInsufficientDriver;
+  unsigned long long driver_base = 0;
+  const int status = fn(&driver_base, size, reinterpret_cast<unsigned long long>(ptr));
+  if (status != 0) {
+    *size = 0;
+    return status;
+  }
+  *base = reinterpret_cast<void*>(driver_base);
+  return 0;
+#endif
+}
+
+int IpcOpenEventHandle(Event* event, const IpcHandleBytes& handle) {
+  hipIpcEventHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  hipEvent_t e = nullptr;
+  const hipError_t status = hipIpcOpenEventHandle(&e, h);
+  *event = status == hipSuccess ? static_cast<Event>(e) : nullptr;
+  return status;
+}
+
+bool IsRuntimeStateError(int code) {
+  switch (static_cast<hipError_t>(code)) {
+    case hipErrorOutOfMemory:
+    case hipErrorNotInitialized:
+    case hipErrorDeinitialized:
+    case hipErrorInsufficientDriver:
+    case hipErrorNoDevice:
+    case hipErrorInvalidDevice:
+    case hipErrorPeerAccessUnsupported:
+    case hipErrorOperatingSystem:
+    case hipErrorIllegalAddress:
+    case hipErrorLaunchFailure:
+    case hipErrorNotSupported:
+      return true;
+#if !defined(__HIPCC__)
+    case cudaErrorTooManyPeers:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorIncompatibleDriverContext:
+    case cudaErrorNotPermitted:
+    case cudaErrorSystemNotReady:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+      return true;
+#endif
+    default:
+      return false;
+  }
+}
+
+int IpcGetMemHandle(IpcHandleBytes* handle, void* ptr) {
+  hipIpcMemHandle_t h;
+  const hipError_t status = hipIpcGetMemHandle(&h, ptr);
+  if (status == hipSuccess) std::memcpy(handle->data(), &h, sizeof(h));
+  return status;
+}
+
+int IpcGetEventHandle(IpcHandleBytes* handle, Event event) {
+  hipIpcEventHandle_t h;
+  const hipError_t status = hipIpcGetEventHandle(&h, AsHipEvent(event));
+  if (status == hipSuccess) std::memcpy(handle->data(), &h, sizeof(h));
+  return status;
+}
 
 }  // namespace samplerd::kernels::gpu

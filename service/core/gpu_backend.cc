@@ -140,11 +140,18 @@ absl::StatusOr<std::unique_ptr<GpuSampler>> GpuSampler::Create(int ordinal) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, ": creating a stream failed: ", gpu::ErrorString(created)));
   }
-  return std::unique_ptr<GpuSampler>(new GpuSampler(std::move(*it), stream));
+  gpu::Event staged = nullptr;
+  const int event = gpu::EventCreate(&staged, /*interprocess=*/false);
+  if (event != 0) {
+    (void)gpu::StreamDestroy(stream);
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": creating an event failed: ", gpu::ErrorString(event)));
+  }
+  return std::unique_ptr<GpuSampler>(new GpuSampler(std::move(*it), stream, staged));
 }
 
-GpuSampler::GpuSampler(DeviceInfo device, gpu::Stream stream)
-    : device_(std::move(device)), stream_(stream) {}
+GpuSampler::GpuSampler(DeviceInfo device, gpu::Stream stream, gpu::Event staged)
+    : device_(std::move(device)), stream_(stream), staged_(staged) {}
 
 GpuSampler::~GpuSampler() {
   (void)gpu::SetDevice(device_.ordinal);
@@ -152,6 +159,7 @@ GpuSampler::~GpuSampler() {
   for (Buffer* b : {&pinned_in_, &device_in_, &device_out_, &pinned_out_, &workspace_}) {
     Release(b);
   }
+  (void)gpu::EventDestroy(staged_);
   (void)gpu::StreamDestroy(stream_);
 }
 
@@ -165,7 +173,12 @@ void GpuSampler::Release(Buffer* buffer) {
 
 absl::Status GpuSampler::Reserve(Buffer* buffer, size_t bytes, absl::string_view what) {
   if (bytes <= buffer->bytes) return absl::OkStatus();
-  // The stream is idle here (every Sample ends with a synchronize), so the old buffer can go.
+  // The old buffer can go once the stream no longer uses it: a request that returned at its done
+  // event may still have kernels queued (pinned staging was waited for in Sample already).
+  if (unsynced_ && !buffer->pinned) {
+    RETURN_IF_ERROR(Check(gpu::StreamSynchronize(stream_), "finishing the previous request"));
+    unsynced_ = false;
+  }
   Release(buffer);
   const size_t want = AlignUp(bytes, kGrowStep);
   const int code = buffer->pinned ? gpu::PinnedMalloc(&buffer->ptr, want)
@@ -241,21 +254,33 @@ absl::Status GpuSampler::Warmup() {
 
 absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
                                 SampleResult* result) {
-  if (io.logits_on_device || io.output != nullptr || io.ready_event != nullptr ||
-      io.done_event != nullptr) {
-    return absl::UnimplementedError(
-        "expected inline logits: GPU IPC regions and output regions are not wired yet");
-  }
-  const void* host_logits = io.logits;
   if (faulted_) {
     return absl::UnavailableError(absl::StrCat("the GPU backend on ", device_.pci_bus_id,
                                                " faulted earlier (", fault_,
                                                "); samplerd needs a restart"));
   }
+  const int64_t element_bytes = kernels::DTypeSize(batch.dtype);
+  if (io.logits_on_device && reinterpret_cast<uintptr_t>(io.logits) % element_bytes != 0) {
+    // A misaligned element load would be a sticky fault of the whole context: refuse it here.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected device logits aligned to their ", element_bytes,
+        "-byte elements, got an address ", reinterpret_cast<uintptr_t>(io.logits) % element_bytes,
+        " bytes past a boundary (check the region offset)"));
+  }
+  if (io.done_event != nullptr && io.output == nullptr) {
+    return absl::InvalidArgumentError("expected an output with a done event, got none");
+  }
+  // With a done event and a device output, nothing needs the host: enqueue, record, return.
+  const bool reply_early = io.done_event != nullptr && io.output_on_device;
+
   const int64_t b = batch.batch;
   const int32_t n = batch.top_logprobs;
+  // Inputs, pinned and device alike: [logits | params] for host logits, [params] for device
+  // logits (read where they are).
   const size_t logits_bytes =
-      static_cast<size_t>(InlineBytes(batch.dtype, b, batch.vocab, batch.row_stride));
+      io.logits_on_device
+          ? 0
+          : static_cast<size_t>(InlineBytes(batch.dtype, b, batch.vocab, batch.row_stride));
   const size_t params_offset = AlignUp(logits_bytes, kAlign);
   const size_t params_bytes = batch.params.size() * sizeof(kernels::RowParams);
   const size_t input_bytes = params_offset + params_bytes;
@@ -263,15 +288,20 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   const size_t workspace_bytes = gpu::SampleWorkspaceBytes(b, batch.vocab, n);
 
   RETURN_IF_ERROR(Check(gpu::SetDevice(device_.ordinal), "selecting the device"));
-  RETURN_IF_ERROR(Reserve(&pinned_in_, input_bytes, "staging the logits"));
-  RETURN_IF_ERROR(Reserve(&device_in_, input_bytes, "the logits"));
+  if (unsynced_) {
+    // The previous request returned at its done event: its copies from pinned staging may still
+    // be queued. Wait for those copies only, not for its kernels.
+    RETURN_IF_ERROR(Check(gpu::EventSynchronize(staged_), "waiting for the previous inputs"));
+  }
+  RETURN_IF_ERROR(Reserve(&pinned_in_, input_bytes, "staging the inputs"));
+  RETURN_IF_ERROR(Reserve(&device_in_, input_bytes, "the inputs"));
   RETURN_IF_ERROR(Reserve(&device_out_, out.bytes, "the outputs"));
   RETURN_IF_ERROR(Reserve(&pinned_out_, out.bytes, "staging the outputs"));
   RETURN_IF_ERROR(Reserve(&workspace_, workspace_bytes, "the kernels' workspace"));
 
-  // Inputs: the logits in chunks (host copy of the next chunk overlaps the DMA of this one),
-  // then the parameters.
-  const char* src = static_cast<const char*>(host_logits);
+  // Host logits in chunks (host copy of the next chunk overlaps the DMA of this one), then the
+  // parameters.
+  const char* src = static_cast<const char*>(io.logits);
   for (size_t at = 0; at < logits_bytes; at += kStageChunk) {
     const size_t len = std::min(kStageChunk, logits_bytes - at);
     std::memcpy(At<char>(pinned_in_.ptr, at), src + at, len);
@@ -284,9 +314,18 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
       Check(gpu::CopyToDevice(At<char>(device_in_.ptr, params_offset),
                               At<char>(pinned_in_.ptr, params_offset), params_bytes, stream_),
             "copying the parameters to the device"));
+  if (reply_early) {
+    // Recorded before the ready-event wait, so that the next request waits for these copies
+    // only, never for the producer.
+    RETURN_IF_ERROR(Check(gpu::EventRecord(staged_, stream_), "recording the staging event"));
+  }
+  if (io.ready_event != nullptr) {
+    RETURN_IF_ERROR(
+        Check(gpu::StreamWaitEvent(stream_, io.ready_event), "waiting on the ready event"));
+  }
 
   kernels::SampleArgs args;
-  args.logits = device_in_.ptr;
+  args.logits = io.logits_on_device ? io.logits : device_in_.ptr;
   args.dtype = batch.dtype;
   args.batch = b;
   args.vocab = batch.vocab;
@@ -305,11 +344,38 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   }
   RETURN_IF_ERROR(Check(gpu::Sample(args, workspace_.ptr, workspace_bytes, stream_),
                         "launching the sampling kernels"));
+  const size_t token_bytes = static_cast<size_t>(b) * sizeof(int32_t);
+  if (io.output != nullptr && io.output_on_device) {
+    RETURN_IF_ERROR(Check(gpu::CopyDeviceToDevice(io.output, args.token_ids, token_bytes, stream_),
+                          "copying the token ids to the output region"));
+  }
+  if (reply_early) {
+    RETURN_IF_ERROR(Check(gpu::EventRecord(io.done_event, stream_), "recording the done event"));
+    unsynced_ = true;
+    result->token_ids.clear();
+    result->row_status.clear();
+    result->logprobs.clear();
+    return absl::OkStatus();
+  }
+
   RETURN_IF_ERROR(Check(gpu::CopyToHost(pinned_out_.ptr, device_out_.ptr, out.bytes, stream_),
                         "copying the outputs to the host"));
   RETURN_IF_ERROR(Check(gpu::StreamSynchronize(stream_), "sampling"));
+  unsynced_ = false;
 
   const int32_t* token_ids = At<const int32_t>(pinned_out_.ptr, out.token_ids);
+  if (io.output != nullptr && !io.output_on_device) {
+    std::memcpy(io.output, token_ids, token_bytes);
+  }
+  if (io.done_event != nullptr) {
+    // A host output is written by now; the event completes at once (the stream is idle). The
+    // reply carries no tokens, as with a device output.
+    RETURN_IF_ERROR(Check(gpu::EventRecord(io.done_event, stream_), "recording the done event"));
+    result->token_ids.clear();
+    result->row_status.clear();
+    result->logprobs.clear();
+    return absl::OkStatus();
+  }
   const kernels::RowStatus* status = At<const kernels::RowStatus>(pinned_out_.ptr, out.status);
   result->token_ids.assign(token_ids, token_ids + b);
   result->row_status.assign(status, status + b);

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/gpu/gpu_sampler.h"
+#include "kernels/gpu/runtime.h"
 #include "service/core/sampler.h"
 
 namespace samplerd::core {
@@ -34,11 +35,23 @@ class GpuSampler final : public Sampler {
   GpuSampler(const GpuSampler&) = delete;
   GpuSampler& operator=(const GpuSampler&) = delete;
 
-  // Stages `host_logits` through pinned memory, samples on the device and waits for the
-  // result. Errors: RESOURCE_EXHAUSTED when device or pinned memory for a new, larger request
-  // cannot be allocated (the sampler stays usable); INTERNAL with the runtime's message for
-  // any other runtime error, after which the sampler is faulted and every later call fails
-  // with UNAVAILABLE (the GPU context may be lost: restart the process).
+  // Samples `batch` on the device. Host logits (io.logits) are staged through pinned memory;
+  // device logits (io.logits_on_device: a GPU IPC region of this device, aligned to the dtype's
+  // element size) are read where they are. Parameters always go through pinned staging. With
+  // io.ready_event the stream waits on that event before the kernels (no host wait).
+  //
+  // io.output receives the B int32 token ids: a device output by a device-to-device copy on
+  // the stream, a host output from the pinned result after the stream is synchronized. With
+  // io.done_event and a device output the event is recorded after that copy and Sample returns
+  // at once, without waiting for the device: *result then holds no tokens, statuses or logprobs,
+  // and a device fault shows at a later call. With io.done_event and a host output the event is
+  // recorded after the output is written (the reply carries no tokens either).
+  //
+  // Errors: INVALID_ARGUMENT for misaligned device logits or a done event without an output;
+  // RESOURCE_EXHAUSTED when device or pinned memory for a new, larger request cannot be
+  // allocated (the sampler stays usable); INTERNAL with the runtime's message for any other
+  // runtime error, after which the sampler is faulted and every later call fails with
+  // UNAVAILABLE (the GPU context may be lost: restart the process).
   absl::Status Sample(const ValidatedBatch& batch, const SampleIo& io,
                       SampleResult* result) override;
 
@@ -60,9 +73,10 @@ class GpuSampler final : public Sampler {
     bool pinned = false;
   };
 
-  GpuSampler(DeviceInfo device, kernels::gpu::Stream stream);
+  GpuSampler(DeviceInfo device, kernels::gpu::Stream stream, kernels::gpu::Event staged);
 
-  // Makes `buffer` hold at least `bytes`, reallocating only when it is smaller.
+  // Makes `buffer` hold at least `bytes`, reallocating only when it is smaller (after waiting
+  // for the stream when an earlier request may still use the old buffer).
   absl::Status Reserve(Buffer* buffer, size_t bytes, absl::string_view what);
   static void Release(Buffer* buffer);
   // Returns OK for code 0; otherwise marks the sampler faulted and returns INTERNAL.
@@ -70,6 +84,11 @@ class GpuSampler final : public Sampler {
 
   const DeviceInfo device_;
   kernels::gpu::Stream stream_ = nullptr;
+  // Recorded after the input copies of a request that returns at its done event: once it
+  // completes, the pinned staging buffer may be rewritten.
+  kernels::gpu::Event staged_ = nullptr;
+  // The last request returned without synchronizing the stream (done event).
+  bool unsynced_ = false;
   Buffer pinned_in_{nullptr, 0, true};   // [logits | params], filled by the host
   Buffer device_in_;                     // the same layout on the device
   Buffer device_out_;                    // outputs (OutputLayout in gpu_backend.cc)

@@ -1,5 +1,5 @@
 // The GPU side of IPC regions and events, behind an interface so that the region registry (and
-// its tests) do not depend on a GPU runtime. Implemented by gpu_ipc_cuda.cc over kernels/gpu
+// its tests) do not depend on a GPU runtime. Implemented by gpu_ipc_runtime.cc over kernels/gpu
 // runtime calls when the build has a GPU backend; absent otherwise.
 #ifndef SAMPLERD_SERVICE_CORE_GPU_IPC_H_
 #define SAMPLERD_SERVICE_CORE_GPU_IPC_H_

@@ -4,9 +4,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "service/core/gpu_ipc.h"
+#include "service/core/regions.h"
 
 namespace samplerd::core {
 
@@ -32,6 +35,12 @@ struct CoreOptions {
   // UNAVAILABLE; the process should drain and exit so that it is restarted. Runs on the
   // executor thread: it must not block (nor call SamplerCore::Drain). May be empty.
   std::function<void(const absl::Status&)> on_fatal;
+  // Host shm key prefix and other region settings (--shm_prefix).
+  RegionOptions regions;
+  // GPU IPC (memory regions and events) for a GPU backend; null: none, and registering a
+  // gpu_ipc region or sending an IPC event is FAILED_PRECONDITION. Tests set a fake. The hook
+  // for the runtime's implementation is in SamplerCore::Create (sampler_core.cc).
+  std::shared_ptr<GpuIpc> gpu_ipc;
 };
 
 }  // namespace samplerd::core

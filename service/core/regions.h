@@ -39,6 +39,9 @@ struct RegionView {
   uint8_t* data = nullptr;  // host pointer (host shm) or device pointer (GPU IPC)
   uint64_t size = 0;
   int device_ordinal = -1;  // GPU regions
+  // The bytes may be written (an output region): GPU IPC memory, or a host shm object that
+  // samplerd could open read-write.
+  bool writable = false;
 };
 
 // Keeps a region mapped while a request uses it; releasing the last lease of an unregistered
@@ -57,8 +60,9 @@ class RegionLease {
 
  private:
   friend class RegionRegistry;
-  struct Holder;
+  struct Holder;  // one registered region (regions.cc)
   RegionLease(std::shared_ptr<Holder> holder, RegionView view);
+  void Release();
   std::shared_ptr<Holder> holder_;
   RegionView view_;
 };
@@ -97,6 +101,15 @@ class RegionRegistry {
 
   // Closes every mapping (waiting for none: call after the executors have drained).
   void CloseAll();
+
+ private:
+  friend class RegionLease;
+  struct State;  // regions.cc; shared with the leases so that a late release stays safe
+
+  // Adds `holder` under its name, or ALREADY_EXISTS (the caller then closes it).
+  absl::Status Insert(std::shared_ptr<RegionLease::Holder> holder);
+
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace samplerd::core

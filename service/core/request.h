@@ -33,15 +33,28 @@ struct LogprobSpec {
   kernels::LogprobSource source = kernels::LogprobSource::kRaw;
 };
 
+// A slice of a registered region: bytes from `offset` on (how many follows from the tensor).
+struct RegionRef {
+  std::string region;
+  uint64_t offset = 0;
+};
+
 // One sampling request. `inline_data` is a view: the transport keeps the bytes alive until the
-// request's completion callback has run.
+// request's completion callback has run. The logits come from `inline_data` or `logits_region`.
 struct SampleRequest {
   std::string request_id;
   std::optional<kernels::DType> dtype;  // nullopt: the client did not say
   std::vector<int64_t> shape;
   int64_t row_stride = 0;  // 0: dense
   std::string_view inline_data;
-  bool has_inline_data = false;  // false: no data source was given
+  bool has_inline_data = false;  // false: no inline data (see logits_region)
+  std::optional<RegionRef> logits_region;
+  // Optional: where the B int32 token ids are also written.
+  std::optional<RegionRef> output;
+  // Optional raw IPC event handles (64 bytes each when set; empty: none): one the producer
+  // recorded after writing the logits, one the server records after writing `output`.
+  std::string ready_event;
+  std::string done_event;
   std::vector<ParamsSpec> params;
   std::string device;
   std::optional<LogprobSpec> logprobs;
@@ -67,7 +80,8 @@ struct Timings {
   absl::Duration total;
 };
 
-// The outcome of a successful request: one entry per row.
+// The outcome of a successful request: one entry per row. With a done event, token_ids and
+// row_status are empty (the tokens are in the output region once the event completes).
 struct SampleResult {
   std::string request_id;
   std::vector<int32_t> token_ids;

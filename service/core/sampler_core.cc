@@ -8,11 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "service/core/cpu_backend.h"
 #include "service/core/device_match.h"
+#include "service/core/request_io.h"
 #include "service/core/status_macros.h"
 #include "service/core/validation.h"
 
 #if SAMPLERD_HAVE_GPU
 #include "service/core/gpu_backend.h"
+#include "service/core/gpu_ipc_runtime.h"
 #endif
 
 namespace samplerd::core {
@@ -30,6 +32,13 @@ int ResolveThreads(int threads) {
 uint64_t RandomSeedStart() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// The devices GPU IPC regions may be opened on: the backend's, when it supports IPC memory.
+std::vector<IpcDevice> IpcDevices(const Sampler& sampler) {
+  const DeviceInfo& d = sampler.device();
+  if (sampler.kind() != BackendKind::kGpu || !d.ipc_memory) return {};
+  return {IpcDevice{d.ordinal, d.pci_bus_id, d.uuid}};
 }
 
 }  // namespace
@@ -54,7 +63,10 @@ absl::StatusOr<std::unique_ptr<SamplerCore>> SamplerCore::Create(const CoreOptio
             "expected a usable GPU for --backend=",
             options.backend == BackendChoice::kGpu ? "gpu" : "auto", ", got: ", status.message()));
       }
-      auto core = std::make_unique<SamplerCore>(options, *std::move(gpu), RandomSeedStart());
+      // GPU IPC regions and events go through the runtime unless the caller brought its own.
+      CoreOptions gpu_options = options;
+      if (gpu_options.gpu_ipc == nullptr) gpu_options.gpu_ipc = MakeRuntimeGpuIpc();
+      auto core = std::make_unique<SamplerCore>(gpu_options, *std::move(gpu), RandomSeedStart());
       core->devices_ = std::move(gpus);
       return core;
     }
@@ -80,9 +92,18 @@ SamplerCore::SamplerCore(const CoreOptions& options, std::unique_ptr<Sampler> sa
     : options_(options),
       sampler_(std::move(sampler)),
       seeds_(seed_start),
+      regions_(std::make_unique<RegionRegistry>(options.regions, options.gpu_ipc.get(),
+                                                IpcDevices(*sampler_))),
+      events_(options.gpu_ipc != nullptr ? std::make_unique<IpcEventCache>(options.gpu_ipc.get())
+                                         : nullptr),
       executor_(std::make_unique<Executor>()) {}
 
 SamplerCore::~SamplerCore() { executor_.reset(); }
+
+void SamplerCore::CloseRegions() {
+  if (events_ != nullptr) events_->CloseAll();
+  regions_->CloseAll();
+}
 
 absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
   if (faulted()) return FaultedError();
@@ -93,31 +114,36 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
       ValidateSampleRequest(request, options_.limits, [this] { return seeds_.Next(); });
   if (!batch.ok()) return batch.status();
   RETURN_IF_ERROR(MatchDevice(request.device, sampler_->device()));
+  absl::StatusOr<BoundIo> io =
+      BindSampleIo(request, *batch, *sampler_, *regions_, events_.get(), devices_);
+  if (!io.ok()) return io.status();
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++in_flight_;
   }
+  // Shared: the executor's tasks must be copyable, leases are not.
+  auto bound = std::make_shared<BoundIo>(*std::move(io));
   executor_->Submit([this, request = std::move(request), batch = *std::move(batch),
-                     done = std::move(done)]() mutable {
+                     done = std::move(done), bound = std::move(bound)]() mutable {
     const absl::Time start = absl::Now();
     if (request.is_cancelled && request.is_cancelled()) {
       done(
           absl::CancelledError("the client cancelled the request or its deadline passed "
                                "before sampling started"));
+      bound.reset();
       Finish();
       return;
     }
     if (faulted()) {
       done(FaultedError());
+      bound.reset();
       Finish();
       return;
     }
     SampleResult result;
     result.request_id = request.request_id;
     result.seeds = std::move(batch.seeds);
-    SampleIo io;
-    io.logits = request.inline_data.data();
-    absl::Status status = sampler_->Sample(batch, io, &result);
+    absl::Status status = sampler_->Sample(batch, bound->io, &result);
     const absl::Time end = absl::Now();
     result.timings.queue = start - request.arrival;
     result.timings.compute = end - start;
@@ -139,6 +165,9 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
     } else {
       done(status);
     }
+    // The leases outlive the completion; a region unregistered meanwhile is closed by the
+    // registry's closer thread, not here.
+    bound.reset();
     if (fatal && options_.on_fatal) options_.on_fatal(status);
     Finish();
   });
@@ -177,6 +206,9 @@ ServerInfo SamplerCore::Info() const {
     info.devices.push_back(sampler_->device());
   } else {
     info.devices = devices_;
+  }
+  if (options_.gpu_ipc == nullptr) {
+    for (DeviceInfo& d : info.devices) d.ipc_memory = d.ipc_events = false;
   }
   info.limits = options_.limits;
   return info;

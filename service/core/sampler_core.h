@@ -16,7 +16,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "service/core/executor.h"
+#include "service/core/ipc_event_cache.h"
 #include "service/core/options.h"
+#include "service/core/regions.h"
 #include "service/core/request.h"
 #include "service/core/sampler.h"
 #include "service/core/seed_source.h"
@@ -36,8 +38,9 @@ class SamplerCore {
   using Callback = std::function<void(absl::StatusOr<SampleResult>)>;
 
   // Brings up the backend `options.backend` asks for. kAuto picks the GPU when this build has
-  // a GPU backend and a device is present, else the CPU. Errors: FAILED_PRECONDITION when kGpu
-  // is asked for and no GPU can be used.
+  // a GPU backend and a device is present, else the CPU. A GPU backend gets the runtime's
+  // GpuIpc unless options.gpu_ipc is set. Errors: FAILED_PRECONDITION when kGpu is asked for
+  // and no GPU can be used.
   static absl::StatusOr<std::unique_ptr<SamplerCore>> Create(const CoreOptions& options);
 
   // For tests: a core over a given backend and seed sequence.
@@ -45,14 +48,17 @@ class SamplerCore {
   // Waits for queued requests to finish.
   ~SamplerCore();
 
-  // Validates `request` and queues it on the device's executor. Returns a non-OK status (and
-  // drops `done` uncalled) when the request is rejected up front: INVALID_ARGUMENT or
-  // RESOURCE_EXHAUSTED when it is malformed or over the limits, FAILED_PRECONDITION when it
-  // names a device other than the backend's (MatchDevice), UNAVAILABLE while draining or once
-  // the backend has faulted. Requests still queued when the backend faults get UNAVAILABLE
-  // through `done`.
-  // Otherwise `done` runs exactly once, later, on the executor thread. The request's inline
-  // data must stay alive until `done` runs. Never blocks on sampling.
+  // Validates `request`, leases its regions, opens its IPC events and queues it on the
+  // device's executor. Returns a non-OK status (and drops `done` uncalled) when the request is
+  // rejected up front: INVALID_ARGUMENT or RESOURCE_EXHAUSTED when it is malformed or over the
+  // limits, FAILED_PRECONDITION when it names a device other than the backend's (MatchDevice),
+  // NOT_FOUND / OUT_OF_RANGE / FAILED_PRECONDITION for its regions and events (BindSampleIo),
+  // UNAVAILABLE while draining or once the backend has faulted. Requests still queued when the
+  // backend faults get UNAVAILABLE through `done`.
+  // Otherwise `done` runs exactly once, later, on the executor thread; the region leases are
+  // released right after it (an unregistered region is then closed off this thread). The
+  // request's inline data must stay alive until `done` runs. Never blocks on sampling; the
+  // first use of an IPC event handle opens it (a runtime call).
   absl::Status SampleAsync(SampleRequest request, Callback done);
 
   // Stops accepting requests (later ones get UNAVAILABLE) and waits until those in flight have
@@ -62,8 +68,15 @@ class SamplerCore {
   // True once the backend has faulted for good (see CoreOptions::on_fatal).
   bool faulted() const { return faulted_.load(std::memory_order_acquire); }
 
+  // GetServerInfo's answer. Devices report IPC support only when this core has a GpuIpc.
   ServerInfo Info() const;
   const Limits& limits() const { return options_.limits; }
+
+  // The registered regions (RegisterRegion, UnregisterRegion, ListRegions).
+  RegionRegistry& regions() { return *regions_; }
+
+  // Closes every region and cached IPC event. Call after Drain, once nothing is in flight.
+  void CloseRegions();
 
  private:
   void Finish();
@@ -81,6 +94,8 @@ class SamplerCore {
   absl::Status fault_;  // guarded by mu_: the status of the request that faulted
   std::condition_variable idle_cv_;
   int64_t in_flight_ = 0;
+  std::unique_ptr<RegionRegistry> regions_;
+  std::unique_ptr<IpcEventCache> events_;  // null without options_.gpu_ipc
   // Declared last: destroyed first, so queued tasks finish while the members above live.
   std::unique_ptr<Executor> executor_;
 };

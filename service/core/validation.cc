@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "service/core/ipc_handle.h"
 #include "service/core/status_macros.h"
 
 namespace samplerd::core {
@@ -85,6 +86,28 @@ absl::Status ValidateShape(const SampleRequest& request, const Limits& limits) {
   return absl::OkStatus();
 }
 
+// Checks where the logits come from and go to, and the event handles (the regions themselves
+// are checked when leased).
+absl::Status ValidateSources(const SampleRequest& request) {
+  if (request.has_inline_data && request.logits_region.has_value()) {
+    return Invalid("one logits source (inline_data or region)", "both");
+  }
+  if (!request.has_inline_data && !request.logits_region.has_value()) {
+    return Invalid("logits.inline_data or logits.region", "no logits data");
+  }
+  if (!request.ready_event.empty()) {
+    RETURN_IF_ERROR(ParseIpcEventHandle(request.ready_event, "ready_event").status());
+  }
+  if (!request.done_event.empty()) {
+    RETURN_IF_ERROR(ParseIpcEventHandle(request.done_event, "done_event").status());
+    if (!request.output.has_value()) {
+      return Invalid("an output region with done_event (the engine reads the tokens there)",
+                     "done_event without output");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t InlineBytes(kernels::DType dtype, int64_t batch, int64_t vocab, int64_t row_stride) {
@@ -110,13 +133,11 @@ absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& reques
   out.vocab = request.shape[1];
   out.row_stride = request.row_stride == 0 ? out.vocab : request.row_stride;
 
-  if (!request.has_inline_data) {
-    return Invalid("logits.inline_data (regions are not supported by this server yet)",
-                   "no logits data");
-  }
+  RETURN_IF_ERROR(ValidateSources(request));
   const int64_t want = InlineBytes(out.dtype, out.batch, out.vocab, out.row_stride);
   const int64_t got = static_cast<int64_t>(request.inline_data.size());
-  if (got != want) {
+  // Region slices are checked against the region when it is leased (same byte count).
+  if (request.has_inline_data && got != want) {
     return Invalid(absl::StrCat(want, " bytes of logits.inline_data for shape [", out.batch, ", ",
                                 out.vocab, "]",
                                 out.row_stride != out.vocab

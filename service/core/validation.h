@@ -31,13 +31,15 @@ struct ValidatedBatch {
 
 // Checks `request` against the semantics and `limits`, and returns the batch to sample.
 // `next_seed` is called once per row that needs a server-chosen seed.
-// Errors: INVALID_ARGUMENT for malformed requests, RESOURCE_EXHAUSTED for requests over
-// `limits`. Messages never echo the logits.
+// Errors: INVALID_ARGUMENT for malformed requests (inline bytes that do not match the shape,
+// no or two logits sources, event handles that are not 64 bytes, done_event without output),
+// RESOURCE_EXHAUSTED for requests over `limits`. Region slices are checked later, when they are
+// leased (BindSampleIo). Messages never echo the logits or handles.
 absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& request,
                                                      const Limits& limits,
                                                      absl::FunctionRef<uint64_t()> next_seed);
 
-// Bytes the inline data of a [batch, vocab] tensor with `row_stride` must hold.
+// Bytes the inline data (or region slice) of a [batch, vocab] tensor with `row_stride` must hold.
 int64_t InlineBytes(kernels::DType dtype, int64_t batch, int64_t vocab, int64_t row_stride);
 
 }  // namespace samplerd::core

@@ -66,13 +66,14 @@ absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out) {
   }
   out->shape.assign(logits.shape().begin(), logits.shape().end());
   out->row_stride = logits.row_stride();
-  if (logits.data_case() == v1::Tensor::kRegion) {
-    return absl::UnimplementedError(
-        "expected logits.inline_data, got logits.region: regions are not supported by this "
-        "server version yet");
-  }
   out->has_inline_data = logits.data_case() == v1::Tensor::kInlineData;
   out->inline_data = logits.inline_data();
+  if (logits.data_case() == v1::Tensor::kRegion) {
+    out->logits_region = core::RegionRef{logits.region().region(), logits.region().offset()};
+  }
+  if (in.has_output()) out->output = core::RegionRef{in.output().region(), in.output().offset()};
+  out->ready_event = in.ready_event();
+  out->done_event = in.done_event();
   out->params.resize(in.params_size());
   for (int i = 0; i < in.params_size(); ++i) {
     absl::Status status = ConvertParams(in.params(i), &out->params[i]);
@@ -115,6 +116,18 @@ void ToProto(const core::SampleResult& in, v1::SampleResponse* out) {
   t->set_queue_ns(absl::ToInt64Nanoseconds(in.timings.queue));
   t->set_compute_ns(absl::ToInt64Nanoseconds(in.timings.compute));
   t->set_total_ns(absl::ToInt64Nanoseconds(in.timings.total));
+}
+
+bool UsesRegions(const v1::SampleRequest& in) {
+  return in.logits().data_case() == v1::Tensor::kRegion || in.has_output();
+}
+
+void ToProto(const core::RegionInfo& in, v1::RegionInfo* out) {
+  out->set_name(in.name);
+  out->set_kind(in.kind == core::RegionKind::kGpuIpc ? v1::REGION_KIND_GPU_IPC
+                                                     : v1::REGION_KIND_HOST_SHM);
+  out->set_byte_size(in.byte_size);
+  out->set_device(in.device);
 }
 
 void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out) {

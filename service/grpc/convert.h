@@ -4,17 +4,25 @@
 
 #include "absl/status/status.h"
 #include "samplerd/v1/sampler.pb.h"
+#include "service/core/regions.h"
 #include "service/core/request.h"
 #include "service/core/sampler_core.h"
 
 namespace samplerd::grpc_transport {
 
-// Fills `out` from `in`. out->inline_data views in.logits().inline_data(): `in` must outlive
-// `out`. Errors: INVALID_ARGUMENT for enum values this server does not know.
+// Fills `out` from `in`: inline logits or a region slice, the output slice and the event
+// handles. out->inline_data views in.logits().inline_data(): `in` must outlive `out`. Errors:
+// INVALID_ARGUMENT for enum values this server does not know.
 absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out);
+
+// Whether `in` names a region (logits.region or output).
+bool UsesRegions(const v1::SampleRequest& in);
 
 // Fills `out` from a successful result.
 void ToProto(const core::SampleResult& in, v1::SampleResponse* out);
+
+// Fills `out` from a registered region's description.
+void ToProto(const core::RegionInfo& in, v1::RegionInfo* out);
 
 // Fills `out` from the server's description.
 void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out);

@@ -4,12 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "service/grpc/convert.h"
+#include "service/grpc/peer.h"
 
 namespace samplerd::grpc_transport {
 
 SampleStreamReactor::SampleStreamReactor(core::SamplerCore* core,
-                                         grpc::CallbackServerContext* context)
-    : core_(core), context_(context) {
+                                         grpc::CallbackServerContext* context,
+                                         bool allow_remote_regions)
+    : core_(core), context_(context), allow_remote_regions_(allow_remote_regions) {
   std::lock_guard<std::mutex> lock(mu_);
   ProgressLocked();
 }
@@ -89,6 +91,9 @@ void SampleStreamReactor::SubmitLocked(Step* step) {
   }
   core::SampleRequest request;
   absl::Status status = FromProto(step->message.request(), &request);
+  if (status.ok() && UsesRegions(step->message.request())) {
+    status = CheckRegionPeer(context_->peer(), allow_remote_regions_);
+  }
   if (!status.ok()) {
     FailLocked(step, status);
     return;

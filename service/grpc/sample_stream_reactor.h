@@ -25,7 +25,9 @@ class SampleStreamReactor final
   // Steps read ahead of the oldest unanswered one; bounds a stream's memory.
   static constexpr size_t kMaxStepsInFlight = 32;
 
-  SampleStreamReactor(core::SamplerCore* core, grpc::CallbackServerContext* context);
+  // Steps that name a region need a unix-socket peer unless `allow_remote_regions` (peer.h).
+  SampleStreamReactor(core::SamplerCore* core, grpc::CallbackServerContext* context,
+                      bool allow_remote_regions);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -50,6 +52,7 @@ class SampleStreamReactor final
 
   core::SamplerCore* const core_;
   grpc::CallbackServerContext* const context_;
+  const bool allow_remote_regions_;
   std::mutex mu_;
   v1::SampleStreamRequest read_;
   std::deque<std::unique_ptr<Step>> steps_;  // arrival order; front is the next to write

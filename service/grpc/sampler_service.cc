@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "service/grpc/convert.h"
+#include "service/grpc/peer.h"
 #include "service/grpc/sample_stream_reactor.h"
 #include "service/grpc/status_convert.h"
 
@@ -15,10 +16,23 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, grpc::
   return reactor;
 }
 
-grpc::ServerUnaryReactor* RegionsUnimplemented(grpc::CallbackServerContext* context) {
-  return FinishNow(context, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                         "regions are not supported by this samplerd version "
-                                         "yet; send logits.inline_data instead"));
+absl::StatusOr<core::RegionInfo> Register(core::RegionRegistry* regions,
+                                          const v1::RegisterRegionRequest& request) {
+  switch (request.kind_case()) {
+    case v1::RegisterRegionRequest::kHostShm: {
+      const v1::HostShmRegion& shm = request.host_shm();
+      return regions->RegisterHostShm(request.name(), shm.key(), shm.offset(), shm.byte_size());
+    }
+    case v1::RegisterRegionRequest::kGpuIpc: {
+      const v1::GpuIpcRegion& ipc = request.gpu_ipc();
+      return regions->RegisterGpuIpc(request.name(), ipc.memory_handle(), ipc.offset(),
+                                     ipc.byte_size(), ipc.device());
+    }
+    case v1::RegisterRegionRequest::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      "expected host_shm or gpu_ipc in RegisterRegionRequest, got neither");
 }
 
 }  // namespace
@@ -28,6 +42,9 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::Sample(grpc::CallbackServerContext
                                                      v1::SampleResponse* response) {
   core::SampleRequest core_request;
   absl::Status status = FromProto(*request, &core_request);
+  if (status.ok() && UsesRegions(*request)) {
+    status = CheckRegionPeer(context->peer(), allow_remote_regions_);
+  }
   if (!status.ok()) return FinishNow(context, ToGrpcStatus(status));
   core_request.is_cancelled = [context] { return context->IsCancelled(); };
 
@@ -47,25 +64,37 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::Sample(grpc::CallbackServerContext
 
 grpc::ServerBidiReactor<v1::SampleStreamRequest, v1::SampleStreamResponse>*
 SamplerServiceImpl::SampleStream(grpc::CallbackServerContext* context) {
-  return new SampleStreamReactor(core_, context);
+  return new SampleStreamReactor(core_, context, allow_remote_regions_);
 }
 
-grpc::ServerUnaryReactor* SamplerServiceImpl::RegisterRegion(grpc::CallbackServerContext* context,
-                                                             const v1::RegisterRegionRequest*,
-                                                             v1::RegisterRegionResponse*) {
-  return RegionsUnimplemented(context);
+grpc::ServerUnaryReactor* SamplerServiceImpl::RegisterRegion(
+    grpc::CallbackServerContext* context, const v1::RegisterRegionRequest* request,
+    v1::RegisterRegionResponse* response) {
+  absl::Status status = CheckRegionPeer(context->peer(), allow_remote_regions_);
+  if (!status.ok()) return FinishNow(context, ToGrpcStatus(status));
+  absl::StatusOr<core::RegionInfo> info = Register(&core_->regions(), *request);
+  if (!info.ok()) return FinishNow(context, ToGrpcStatus(info.status()));
+  ToProto(*info, response->mutable_region());
+  return FinishNow(context, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* SamplerServiceImpl::UnregisterRegion(
-    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest*,
+    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
     v1::UnregisterRegionResponse*) {
-  return RegionsUnimplemented(context);
+  absl::Status status = CheckRegionPeer(context->peer(), allow_remote_regions_);
+  if (status.ok()) status = core_->regions().Unregister(request->name());
+  return FinishNow(context, ToGrpcStatus(status));
 }
 
 grpc::ServerUnaryReactor* SamplerServiceImpl::ListRegions(grpc::CallbackServerContext* context,
                                                           const v1::ListRegionsRequest*,
-                                                          v1::ListRegionsResponse*) {
-  return RegionsUnimplemented(context);
+                                                          v1::ListRegionsResponse* response) {
+  absl::Status status = CheckRegionPeer(context->peer(), allow_remote_regions_);
+  if (!status.ok()) return FinishNow(context, ToGrpcStatus(status));
+  for (const core::RegionInfo& info : core_->regions().List()) {
+    ToProto(info, response->add_regions());
+  }
+  return FinishNow(context, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* SamplerServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,

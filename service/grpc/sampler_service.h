@@ -10,10 +10,15 @@
 
 namespace samplerd::grpc_transport {
 
+// Region RPCs (and requests that name a region) are served to unix-socket clients, and to TCP
+// clients only with `allow_remote_regions` (peer.h); others get PERMISSION_DENIED. Registration
+// maps the memory on the calling gRPC thread (a few system calls for host shm, a runtime call
+// for GPU IPC): rare, and never on the sampling path.
 class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
  public:
   // `core` must outlive the service and every call on it.
-  explicit SamplerServiceImpl(core::SamplerCore* core) : core_(core) {}
+  SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions)
+      : core_(core), allow_remote_regions_(allow_remote_regions) {}
 
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
                                    const v1::SampleRequest* request,
@@ -35,6 +40,7 @@ class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
 
  private:
   core::SamplerCore* core_;
+  const bool allow_remote_regions_;
 };
 
 }  // namespace samplerd::grpc_transport

@@ -69,7 +69,7 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  std::unique_ptr<SamplerServer> server(new SamplerServer(core));
+  std::unique_ptr<SamplerServer> server(new SamplerServer(core, options.allow_remote_regions));
   grpc::ServerBuilder builder;
   std::vector<int> ports(options.listen.size(), 0);
   std::vector<std::string> socket_paths;

@@ -27,6 +27,9 @@ struct ServerOptions {
   std::vector<std::string> listen = {"unix:///run/samplerd/samplerd.sock"};
   // Largest message received or sent, bytes.
   int max_message_bytes = 256 << 20;
+  // Serve region calls (and requests naming regions) to TCP clients too, not only to clients on
+  // a unix socket (--allow_remote_regions).
+  bool allow_remote_regions = false;
 };
 
 // The service name health reports on, besides "".
@@ -52,7 +55,8 @@ class SamplerServer {
   void Shutdown(absl::Time deadline);
 
  private:
-  SamplerServer(core::SamplerCore* core) : service_(core) {}
+  SamplerServer(core::SamplerCore* core, bool allow_remote_regions)
+      : service_(core, allow_remote_regions) {}
 
   SamplerServiceImpl service_;
   std::unique_ptr<grpc::Server> server_;

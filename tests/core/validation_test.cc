@@ -139,6 +139,35 @@ TEST_F(ValidationTest, RefusesMissingData) {
   ExpectRefused(r, absl::StatusCode::kInvalidArgument, "inline_data");
 }
 
+TEST_F(ValidationTest, AcceptsARegionSliceWithoutInlineBytes) {
+  SampleRequest r = MakeRequest(2, 4, &bytes_);
+  r.has_inline_data = false;
+  r.inline_data = {};
+  r.logits_region = RegionRef{"logits", 128};
+  r.output = RegionRef{"tokens", 0};
+  EXPECT_TRUE(Validate(r).ok());  // the slice's size is checked when the region is leased
+}
+
+TEST_F(ValidationTest, RefusesTwoLogitsSources) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  r.logits_region = RegionRef{"logits", 0};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "got both");
+}
+
+TEST_F(ValidationTest, EventHandlesAre64BytesAndDoneNeedsAnOutput) {
+  SampleRequest r = MakeRequest(1, 4, &bytes_);
+  r.ready_event = std::string(63, 'e');
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "ready_event, got 63 bytes");
+  r.ready_event = std::string(64, 'e');
+  EXPECT_TRUE(Validate(r).ok());  // whether the server can use it is checked later
+  r.done_event = std::string(65, 'e');
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "done_event, got 65 bytes");
+  r.done_event = std::string(64, 'e');
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "output");
+  r.output = RegionRef{"tokens", 0};
+  EXPECT_TRUE(Validate(r).ok());
+}
+
 TEST_F(ValidationTest, RowStrideSetsTheByteCount) {
   std::string bytes((2 * 6 - 6 + 4) * 4, '\0');  // (B - 1) * stride + V elements
   SampleRequest r = MakeRequest(2, 4, &bytes_);

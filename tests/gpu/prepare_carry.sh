@@ -7,7 +7,9 @@
 # Then, on the GPU machine, from the repository root with .carry/gpu_run carried along:
 #   cd .carry/gpu_run && bash run_on_gpu.sh [--bench-args "--quick"] [--no-bench]
 #
-# The folder holds run_on_gpu.sh, bench_kernels.py, README.md, MANIFEST.txt and payload.tar.xz
+# The folder holds run_on_gpu.sh, bench_kernels.py, ipc_producer.py, py/ (the Python stubs of
+# proto/samplerd/v1/sampler.proto, generated here with protoc and grpc_python_plugin: the GPU
+# machine has grpcio and protobuf but no generator), README.md, MANIFEST.txt and payload.tar.xz
 # (the stripped binaries, libsamplerd_capi.so and lib/ with the Debian shared libraries of the
 # gRPC binaries), which run_on_gpu.sh unpacks.
 #
@@ -35,7 +37,8 @@ grep -q '^SAMPLERD_GPU:STRING=cuda$' "$BUILD/CMakeCache.txt" ||
   die "$BUILD is not configured with -DSAMPLERD_GPU=cuda"
 
 TARGETS=(samplerd samplerd_gpu_sampler_test samplerd_gpu_statistics_test samplerd_server_gpu_test
-         samplerd_capi samplerd_example_sample_random)
+         samplerd_capi samplerd_example_sample_random samplerd_gpu_ipc_runtime_test
+         samplerd_ipc_producer_raw samplerd_bench_transports)
 log "building ${TARGETS[*]} (ninja -j$JOBS)"
 ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}"
 
@@ -47,6 +50,9 @@ declare -A BUILT=(
   [samplerd_server_gpu_test]="$BUILD/tests/gpu/samplerd_server_gpu_test"
   [samplerd_example_sample_random]="$BUILD/client/cpp/samplerd_example_sample_random"
   [libsamplerd_capi.so]="$BUILD/tests/bench/gpu/libsamplerd_capi.so"
+  [samplerd_gpu_ipc_runtime_test]="$BUILD/tests/gpu/samplerd_gpu_ipc_runtime_test"
+  [samplerd_ipc_producer_raw]="$BUILD/tests/gpu/samplerd_ipc_producer_raw"
+  [samplerd_bench_transports]="$BUILD/tests/bench/gpu/samplerd_bench_transports"
 )
 
 # --- assemble -----------------------------------------------------------------------------------
@@ -62,8 +68,27 @@ for name in "${!BUILT[@]}"; do
   [[ -f "${BUILT[$name]}" ]] || die "missing ${BUILT[$name]}"
   cp "${BUILT[$name]}" "$STAGE/$name"
 done
-cp tests/bench/gpu/bench_kernels.py tests/gpu/run_on_gpu.sh tests/gpu/README.md "$CARRY/"
-chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py"
+cp tests/bench/gpu/bench_kernels.py tests/gpu/run_on_gpu.sh tests/gpu/README.md \
+  tests/gpu/ipc_producer.py "$CARRY/"
+chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py" "$CARRY/ipc_producer.py"
+
+# Python stubs for ipc_producer.py (samplerd/v1/sampler_pb2.py and sampler_pb2_grpc.py under
+# py/). Stubs from protoc 3.21 load with the GPU machine's grpcio 1.84 and protobuf 7.
+PY_PLUGIN="${GRPC_PYTHON_PLUGIN:-/usr/bin/grpc_python_plugin}"
+if [[ ! -x "$PY_PLUGIN" ]]; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing protobuf-compiler-grpc (grpc_python_plugin)"
+    apt-get install -y protobuf-compiler-grpc >/dev/null
+  fi
+  [[ -x "$PY_PLUGIN" ]] ||
+    die "expected $PY_PLUGIN (apt-get install protobuf-compiler-grpc), got none"
+fi
+command -v protoc >/dev/null 2>&1 || die "expected protoc on PATH (apt-get install protobuf-compiler)"
+mkdir -p "$CARRY/py"
+protoc --proto_path=proto --python_out="$CARRY/py" --grpc_python_out="$CARRY/py" \
+  --plugin=protoc-gen-grpc_python="$PY_PLUGIN" proto/samplerd/v1/sampler.proto
+[[ -f "$CARRY/py/samplerd/v1/sampler_pb2.py" && -f "$CARRY/py/samplerd/v1/sampler_pb2_grpc.py" ]] ||
+  die "protoc did not write the Python stubs into $CARRY/py/samplerd/v1"
 
 # Shared libraries: everything ldd resolves, except the C/C++ runtime the GPU machine has itself
 # (a newer glibc and libstdc++ run binaries built against older ones).

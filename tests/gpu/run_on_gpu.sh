@@ -2,8 +2,8 @@
 # Runs samplerd's GPU checks in one go, on a machine with an NVIDIA GPU, from the folder that
 # tests/gpu/prepare_carry.sh assembles (.carry/gpu_run: payload.tar.xz with the binaries and lib/
 # with the Debian gRPC libraries, unpacked into a temporary folder; the kernel benchmark). Needs
-# bash, coreutils, tar with xz or python3, nvidia-smi; python3 with PyTorch for the benchmark. No
-# network, no build.
+# bash, coreutils, tar with xz or python3, nvidia-smi; python3 with PyTorch and grpcio for the
+# kernel benchmark and the PyTorch IPC producer. No network, no build.
 #
 #   cd .carry/gpu_run && bash run_on_gpu.sh [options]
 #
@@ -11,9 +11,16 @@
 # failure does not stop the later steps:
 #   gpu_sampler_test      GPU kernels vs the CPU reference (a skipped test counts as a failure)
 #   gpu_statistics_test   the statistical suite on the GPU
+#   gpu_ipc_runtime_test  GpuIpc over the runtime in one process (refusals, MemoryRange)
 #   servers_start         samplerd --backend=gpu and samplerd --backend=cpu on unix sockets
 #   server_gpu_test       the GPU server vs the CPU server, through the C++ client
 #   example_client        samplerd_example_sample_random against the GPU server
+#   ipc_raw               samplerd_ipc_producer_raw: a C++ producer's GPU IPC regions and events,
+#                         tokens vs the CPU server; bad ranges and handles; unregister in flight
+#   ipc_torch             ipc_producer.py: PyTorch tensors shared by _share_cuda_(), ready and
+#                         done events, tokens vs the CPU server (Python stubs from ./py)
+#   transports            samplerd_bench_transports: round trips by transport vs the bare kernel
+#                         (transports.json / transports.md into $RESULTS)
 #   servers_stop          SIGTERM both servers; each must exit 0
 #   bench                 bench_kernels.py: ours vs PyTorch (--json/--markdown into $RESULTS)
 #
@@ -25,12 +32,14 @@ cd "$HERE" || exit 2
 
 usage() {
   cat <<'EOF'
-usage: run_on_gpu.sh [--no-bench] [--bench-args "ARGS"] [--only STEPS] [--timeout SECS]
-                     [--bench-timeout SECS] [--deadline SECS]
-  --no-bench           skip the kernel benchmark
+usage: run_on_gpu.sh [--no-bench] [--bench-args "ARGS"] [--transport-args "ARGS"] [--only STEPS]
+                     [--timeout SECS] [--bench-timeout SECS] [--deadline SECS]
+  --no-bench           skip the kernel benchmark and the transport benchmark
   --bench-args "ARGS"  more arguments for bench_kernels.py, e.g. "--quick" or
                        "--batches 1,128 --vocabs 151936 --dtypes fp32"
-  --only STEPS         comma-separated groups to run: sampler,statistics,server,example,bench
+  --transport-args "ARGS"  more arguments for samplerd_bench_transports, e.g. "--seconds 1"
+  --only STEPS         comma-separated groups to run:
+                       sampler,statistics,server,example,ipc,transports,bench
   --timeout SECS       limit of each test step (default 240)
   --bench-timeout SECS limit of the benchmark (default 420)
   --deadline SECS      the whole run ends within this (default 570: a summary before a 600 s kill)
@@ -39,7 +48,8 @@ EOF
 
 BENCH=1
 BENCH_ARGS=""
-ONLY="sampler,statistics,server,example,bench"
+TRANSPORT_ARGS=""
+ONLY="sampler,statistics,server,example,ipc,transports,bench"
 STEP_TIMEOUT=240
 BENCH_TIMEOUT=420
 DEADLINE=570
@@ -48,6 +58,8 @@ while (($# > 0)); do
     --no-bench) BENCH=0 ;;
     --bench-args) BENCH_ARGS="${2-}"; shift ;;
     --bench-args=*) BENCH_ARGS="${1#*=}" ;;
+    --transport-args) TRANSPORT_ARGS="${2-}"; shift ;;
+    --transport-args=*) TRANSPORT_ARGS="${1#*=}" ;;
     --only) ONLY="${2-}"; shift ;;
     --only=*) ONLY="${1#*=}" ;;
     --timeout) STEP_TIMEOUT="${2-}"; shift ;;
@@ -199,6 +211,11 @@ if selected statistics; then
     "--gtest_output=xml:$RESULTS/gpu_statistics_test.xml"
 fi
 
+if selected ipc; then
+  run_step gpu_ipc_runtime_test "$STEP_TIMEOUT" "${GRPC_ENV[@]}" "${LINEBUF[@]}" \
+    "$BIN/samplerd_gpu_ipc_runtime_test" "--gtest_output=xml:$RESULTS/gpu_ipc_runtime_test.xml"
+fi
+
 # --- (c), (d) the server on the GPU -------------------------------------------------------------
 SOCK_DIR=/tmp/samplerd-gpu
 GPU_TARGET="unix://$SOCK_DIR/s.sock"
@@ -231,7 +248,7 @@ wait_ready() {
   return 1
 }
 
-if selected server || selected example; then
+if selected server || selected example || selected ipc || (selected transports && ((BENCH))); then
   t0=$SECONDS
   log="$RESULTS/servers_start.log"
   rm -rf "$SOCK_DIR" && mkdir -p "$SOCK_DIR"
@@ -277,6 +294,37 @@ if selected server || selected example; then
     else
       echo "not run: no GPU server" >"$RESULTS/example_client.log"
       record example_client FAIL 0 "not run: no GPU server"
+    fi
+  fi
+
+  # GPU IPC from two producer processes (C++ and PyTorch), each against both servers.
+  if selected ipc; then
+    if ((GPU_UP && CPU_UP)); then
+      run_step ipc_raw "$STEP_TIMEOUT" "${GRPC_ENV[@]}" "SAMPLERD_TEST_GPU_SERVER=$GPU_TARGET" \
+        "SAMPLERD_TEST_CPU_SERVER=$CPU_TARGET" "${LINEBUF[@]}" "$BIN/samplerd_ipc_producer_raw" \
+        "--gtest_output=xml:$RESULTS/ipc_raw.xml"
+      run_step ipc_torch "$STEP_TIMEOUT" python3 -u "$HERE/ipc_producer.py" \
+        --gpu "$GPU_TARGET" --cpu "$CPU_TARGET" --stubs "$HERE/py"
+    else
+      for name in ipc_raw ipc_torch; do
+        echo "not run: both servers are needed" >"$RESULTS/$name.log"
+        record "$name" FAIL 0 "not run: both servers are needed"
+      done
+    fi
+  fi
+
+  # Round trips by transport against the GPU server (a benchmark: its numbers go to $RESULTS).
+  if selected transports && ((BENCH)); then
+    if ((GPU_UP)); then
+      transport_argv=()
+      read -r -a transport_argv <<<"$TRANSPORT_ARGS"
+      run_step transports "$STEP_TIMEOUT" "${GRPC_ENV[@]}" "${LINEBUF[@]}" \
+        "$BIN/samplerd_bench_transports" --target "$GPU_TARGET" \
+        --json "$RESULTS/transports.json" --markdown "$RESULTS/transports.md" "${transport_argv[@]}"
+      [[ -s "$RESULTS/transports.md" ]] && echo "    transports table: $RESULTS/transports.md"
+    else
+      echo "not run: no GPU server" >"$RESULTS/transports.log"
+      record transports FAIL 0 "not run: no GPU server"
     fi
   fi
 

@@ -92,11 +92,38 @@ TEST(FromProto, RefusesUnknownEnumValues) {
   EXPECT_EQ(FromProto(wire, &out).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(FromProto, RegionsAreUnimplementedForNow) {
+TEST(FromProto, CarriesRegionSlicesAndEventHandles) {
   v1::SampleRequest wire = WireRequest();
-  wire.mutable_logits()->mutable_region()->set_region("r");
+  wire.mutable_logits()->mutable_region()->set_region("logits");
+  wire.mutable_logits()->mutable_region()->set_offset(4096);
+  wire.mutable_output()->set_region("tokens");
+  wire.mutable_output()->set_offset(8);
+  wire.set_ready_event(std::string(64, 'r'));
+  wire.set_done_event(std::string(64, 'd'));
   core::SampleRequest out;
-  EXPECT_EQ(FromProto(wire, &out).code(), absl::StatusCode::kUnimplemented);
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  EXPECT_FALSE(out.has_inline_data);
+  ASSERT_TRUE(out.logits_region.has_value());
+  EXPECT_EQ(out.logits_region->region, "logits");
+  EXPECT_EQ(out.logits_region->offset, 4096u);
+  ASSERT_TRUE(out.output.has_value());
+  EXPECT_EQ(out.output->region, "tokens");
+  EXPECT_EQ(out.output->offset, 8u);
+  EXPECT_EQ(out.ready_event, std::string(64, 'r'));
+  EXPECT_EQ(out.done_event, std::string(64, 'd'));
+  EXPECT_TRUE(UsesRegions(wire));
+  EXPECT_FALSE(UsesRegions(WireRequest()));
+}
+
+TEST(FromProto, AnOutputAloneUsesRegions) {
+  v1::SampleRequest wire = WireRequest();
+  wire.mutable_output()->set_region("tokens");
+  core::SampleRequest out;
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  EXPECT_TRUE(out.has_inline_data);
+  EXPECT_FALSE(out.logits_region.has_value());
+  EXPECT_TRUE(out.output.has_value());
+  EXPECT_TRUE(UsesRegions(wire));
 }
 
 TEST(FromProto, MissingDataIsReported) {
@@ -136,6 +163,18 @@ TEST(ToProto, CarriesEveryResultField) {
   EXPECT_EQ(out.timings().queue_ns(), 3000);
   EXPECT_EQ(out.timings().compute_ns(), 5000);
   EXPECT_EQ(out.timings().total_ns(), 9000);
+}
+
+TEST(ToProto, DescribesARegion) {
+  v1::RegionInfo out;
+  ToProto(core::RegionInfo{"gpu0", core::RegionKind::kGpuIpc, 1 << 20, "0000:3b:00.0"}, &out);
+  EXPECT_EQ(out.name(), "gpu0");
+  EXPECT_EQ(out.kind(), v1::REGION_KIND_GPU_IPC);
+  EXPECT_EQ(out.byte_size(), 1u << 20);
+  EXPECT_EQ(out.device(), "0000:3b:00.0");
+  ToProto(core::RegionInfo{"host", core::RegionKind::kHostShm, 4, ""}, &out);
+  EXPECT_EQ(out.kind(), v1::REGION_KIND_HOST_SHM);
+  EXPECT_TRUE(out.device().empty());
 }
 
 TEST(ToProto, DescribesTheServer) {

@@ -177,6 +177,12 @@ const std::vector<BadInput>& BadInputs() {
        C::INVALID_ARGUMENT,
        {"request_id"},
        [](v1::SampleRequest* r, const v1::Limits&) { r->set_request_id(std::string(257, 'x')); }},
+      {"UnregisteredRegion",
+       C::NOT_FOUND,
+       {"region"},
+       [](v1::SampleRequest* r, const v1::Limits&) {
+         r->mutable_logits()->mutable_region()->set_region("nope");
+       }},
       // Wrong system state, not a malformed request: the device is not this server's.
       {"UnknownDevice",
        C::FAILED_PRECONDITION,
@@ -237,12 +243,6 @@ const std::vector<BadInput>& SurvivableInputs() {
        {},
        [](v1::SampleRequest* r, const v1::Limits&) {
          r->mutable_params(0)->set_temperature(std::numeric_limits<float>::infinity());
-       }},
-      {"UnregisteredRegion",
-       C::UNKNOWN,
-       {},
-       [](v1::SampleRequest* r, const v1::Limits&) {
-         r->mutable_logits()->mutable_region()->set_region("nope");
        }},
       {"ExtremeSeedAndPosition",
        C::UNKNOWN,

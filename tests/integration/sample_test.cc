@@ -1,5 +1,5 @@
 // Sample over a unix socket and TCP: known greedy answers, seeded reproducibility, server seeds,
-// bad rows, logprobs, GetServerInfo, and the region RPCs (not implemented yet).
+// bad rows, logprobs and GetServerInfo. Regions: region_test.cc.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -194,35 +194,6 @@ TEST_F(SampleOverUds, GetServerInfoDescribesTheCpuBackend) {
   EXPECT_GE(info.limits().max_vocab(), 151936);
   EXPECT_EQ(info.limits().max_message_bytes(), 256 << 20);  // the server's default
   EXPECT_GT(info.limits().max_top_logprobs(), 0);
-}
-
-TEST_F(SampleOverUds, RegionRpcsAreNotImplementedYet) {
-  // Regions (host shm, GPU IPC) are not served yet; when they are, replace this test.
-  v1::RegisterRegionRequest reg;
-  reg.set_name("r0");
-  reg.mutable_host_shm()->set_key("/samplerd-test");
-  reg.mutable_host_shm()->set_byte_size(4096);
-  {
-    grpc::ClientContext context;
-    v1::RegisterRegionResponse response;
-    EXPECT_EQ(client_->stub()->RegisterRegion(&context, reg, &response).error_code(),
-              grpc::StatusCode::UNIMPLEMENTED);
-  }
-  {
-    grpc::ClientContext context;
-    v1::UnregisterRegionRequest request;
-    request.set_name("r0");
-    v1::UnregisterRegionResponse response;
-    EXPECT_EQ(client_->stub()->UnregisterRegion(&context, request, &response).error_code(),
-              grpc::StatusCode::UNIMPLEMENTED);
-  }
-  {
-    grpc::ClientContext context;
-    v1::ListRegionsResponse response;
-    EXPECT_EQ(
-        client_->stub()->ListRegions(&context, v1::ListRegionsRequest(), &response).error_code(),
-        grpc::StatusCode::UNIMPLEMENTED);
-  }
 }
 
 // The same server behind TCP on a port picked here (bound to 0, released, passed on).

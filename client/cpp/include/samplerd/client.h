@@ -6,7 +6,13 @@
 //
 // Errors are grpc::Status values whose messages come from the server ("expected X, got Y").
 // Everything here is a convenience: the generated stub (Client::stub()) stays available for
-// anything the wrapper does not cover (regions, per-call contexts, async calls).
+// anything the wrapper does not cover (per-call contexts, async calls).
+//
+// Zero-copy logits through a registered region (see also samplerd/host_shm_buffer.h):
+//
+//   client.RegisterHostShm("engine0", "/samplerd-engine0", 0, buffer.size());
+//   v1::SampleRequest request = MakeRegionRequest("engine0", 0, v1::DTYPE_FP32, batch, vocab);
+//   client.Sample(request, &response);
 #ifndef SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_CLIENT_H_
 #define SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_CLIENT_H_
 
@@ -108,7 +114,33 @@ class Client {
   // fail (UNAVAILABLE).
   std::unique_ptr<SampleSession> OpenStream();
 
-  // The generated stub, for everything else (regions, custom contexts).
+  // ---- Regions ----------------------------------------------------------------------------
+  // Served over the server's unix socket; over TCP only when it runs with
+  // --allow_remote_regions (else PERMISSION_DENIED). Names are 1-128 characters [A-Za-z0-9._-].
+  // `info` may be null; when not, it receives the server's description of the new region.
+
+  // Registers [offset, offset + byte_size) of the POSIX shm object `key` (created by the
+  // caller, e.g. with HostShmBuffer; the key must start with the server's --shm_prefix,
+  // "/samplerd-" by default). The server maps it read-write when it may, so that the region
+  // can also receive token ids as an output region. Do not shrink the object while registered.
+  grpc::Status RegisterHostShm(const std::string& name, const std::string& key, uint64_t offset,
+                               uint64_t byte_size, v1::RegionInfo* info = nullptr);
+
+  // Registers GPU memory of another process: `handle_bytes` is the allocation's IPC memory
+  // handle (64 bytes, e.g. cudaIpcMemHandle_t; or PyTorch's 66-byte shareable form), `offset`
+  // the region's start from the allocation's base, `device` the GPU's PCI bus id or UUID as
+  // GetServerInfo lists it.
+  grpc::Status RegisterGpuIpc(const std::string& name, const std::string& handle_bytes,
+                              uint64_t offset, uint64_t byte_size, const std::string& device,
+                              v1::RegionInfo* info = nullptr);
+
+  // Forgets region `name`; requests still using it finish first, then the server unmaps it.
+  grpc::Status Unregister(const std::string& name);
+
+  // The registered regions, sorted by name. `regions` must not be null.
+  grpc::Status ListRegions(std::vector<v1::RegionInfo>* regions);
+
+  // The generated stub, for everything else (custom contexts, async calls).
   v1::SamplerService::Stub* stub() { return stub_.get(); }
   // The channel (e.g. to share it with a health-check stub).
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
@@ -127,6 +159,14 @@ class Client {
 // (see Client::SampleFp32). Does not validate: the server does.
 v1::SampleRequest MakeFp32Request(const float* logits, int64_t batch, int64_t vocab,
                                   const std::vector<v1::SamplingParams>& params = {});
+
+// Builds a request whose logits are a dense [batch, vocab] tensor of `dtype` at byte `offset`
+// of region `region`, with `params` (see Client::SampleFp32). For an output slice, set
+// request.mutable_output() (region and offset; B int32 token ids are written there). Does not
+// validate: the server does.
+v1::SampleRequest MakeRegionRequest(const std::string& region, uint64_t offset, v1::DType dtype,
+                                    int64_t batch, int64_t vocab,
+                                    const std::vector<v1::SamplingParams>& params = {});
 
 }  // namespace samplerd
 
