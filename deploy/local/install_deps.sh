@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing samplerd needs, and only what is missing:
-#   - Debian 12 packages: compiler, CMake, Ninja, gRPC/protobuf/Abseil, GoogleTest, benchmark;
+#   - Debian 12 packages: compiler, CMake, Ninja, gRPC/protobuf/Abseil, GoogleTest, benchmark,
+#     Python's grpcio/protobuf/numpy (the Python client and its tests);
 #   - buf (proto lint, `buf curl`), from npm into the project-local, git-ignored .tools/.
 # Idempotent and quiet: a machine that has everything costs a few dpkg-query calls. Runs as root
 # (as on CI), or through sudo when available. SAMPLERD_SKIP_DEPS=1 skips it all (e.g. on a
@@ -14,6 +15,7 @@ readonly APT_PACKAGES=(
   g++ cmake ninja-build pkg-config ca-certificates perl shellcheck
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3-grpcio python3-protobuf python3-numpy
 )
 # buf's npm package ships a static binary; pinned so that lint results do not drift.
 readonly BUF_NPM_PACKAGE="@bufbuild/buf@1.75.0"

@@ -15,7 +15,8 @@ cd "${SAMPLERD_ROOT}" || exit 1
 # Steps run in this order. Each is a function step_NAME that returns non-zero on failure.
 # To add one (GPU compile checks, Python and Go client tests, ...): write step_NAME, add NAME
 # here, and list what it needs in install_deps.sh.
-readonly ALL_STEPS=(deps build ctest buf-lint buf-format shell-lint e2e gpu_compile_checks)
+readonly ALL_STEPS=(deps build ctest buf-lint buf-format shell-lint e2e python-client
+  gpu_compile_checks cpp-install)
 
 step_deps() { deploy/local/install_deps.sh && echo "dependencies: all present"; }
 
@@ -49,6 +50,15 @@ step_e2e() {
     bash "${t}" || rc=1
   done
   return "${rc}"
+}
+
+# The Python client (client/python): generates its stubs (git-ignored), then runs tests/python
+# with Debian's /usr/bin/python3 against the real server (CPU backend, its own unix socket).
+step_python-client() {
+  needs_build || return
+  client/python/generate.sh &&
+    SAMPLERD_BIN="${SAMPLERD_BIN}" timeout 120 /usr/bin/python3 -m unittest discover \
+      -s tests/python -t tests/python -v
 }
 
 # Returns 0 when the build is there to test, else SKIP after a failed build step, else 1.
@@ -115,6 +125,13 @@ needs_build() {
   [[ -x "${SAMPLERD_BIN}" ]] && return 0
   echo "no build at ${SAMPLERD_BUILD#"${SAMPLERD_ROOT}"/} (run the build step first)"
   return 1
+}
+
+# The C++ client installs, and an engine's CMake uses it through find_package(samplerd)
+# (tests/install/run.sh: install into a temporary prefix, build a consumer, sample with it).
+step_cpp-install() {
+  needs_build || return
+  tests/install/run.sh
 }
 
 main() {

@@ -1,0 +1,545 @@
+"""Implementation of the samplerd Python client (see the package docstring)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import grpc
+import numpy as np
+
+try:
+    from .v1 import sampler_pb2 as pb
+    from .v1 import sampler_pb2_grpc as pb_grpc
+except ImportError as e:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "samplerd: the generated stubs are missing; run client/python/generate.sh first"
+    ) from e
+
+#: A per-row parameter: one value for every row, or a sequence / array of B values.
+PerRow = Union[float, int, Sequence[Any], np.ndarray]
+
+DEFAULT_TARGET = "unix:///run/samplerd/samplerd.sock"
+#: The server's default message limit (Limits.max_message_bytes).
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+#: The server's default --shm_prefix; host shm keys must start with it.
+SHM_PREFIX = "/samplerd-"
+
+_DTYPES = {
+    np.dtype(np.float32): pb.DTYPE_FP32,
+    np.dtype(np.float16): pb.DTYPE_FP16,
+}
+_LOGPROB_SOURCES = {
+    "raw": pb.LOGPROB_SOURCE_RAW,
+    "processed": pb.LOGPROB_SOURCE_PROCESSED,
+}
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class SamplerError(Exception):
+    """A failed samplerd call: ``code`` is the grpc.StatusCode, ``message`` the server's text."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def _from_rpc(cls, err: grpc.RpcError) -> "SamplerError":
+        code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+        details = err.details() if hasattr(err, "details") else str(err)
+        return cls(code or grpc.StatusCode.UNKNOWN, details or "")
+
+
+@dataclass
+class RowLogprobs:
+    """Logprobs of one row (natural log)."""
+
+    sampled_logprob: float
+    sampled_rank: int
+    top_token_ids: np.ndarray  # int32 [top_n]
+    top_logprobs: np.ndarray  # float32 [top_n]
+
+
+@dataclass
+class SampleResult:
+    """The answer to one sample call or stream step."""
+
+    tokens: np.ndarray  # int32 [B]; -1 where row_status != ROW_STATUS_OK
+    row_status: np.ndarray  # int32 [B], samplerd.v1.RowStatus values (1 = OK)
+    seeds: np.ndarray  # uint64 [B], the seed each row used (replayable)
+    logprobs: Optional[List[RowLogprobs]]  # B entries when asked for, else None
+    request_id: str
+    compute_ns: int  # server-side sampling time
+    response: Any  # the raw samplerd.v1.SampleResponse
+
+    @classmethod
+    def _from_pb(cls, r: Any) -> "SampleResult":
+        logprobs = None
+        if len(r.logprobs):
+            logprobs = [
+                RowLogprobs(
+                    float(lp.sampled_logprob),
+                    int(lp.sampled_rank),
+                    np.asarray(lp.top_token_ids, dtype=np.int32),
+                    np.asarray(lp.top_logprobs, dtype=np.float32),
+                )
+                for lp in r.logprobs
+            ]
+        return cls(
+            tokens=np.asarray(r.token_ids, dtype=np.int32),
+            row_status=np.asarray(r.row_status, dtype=np.int32),
+            seeds=np.asarray(r.seeds, dtype=np.uint64),
+            logprobs=logprobs,
+            request_id=r.request_id,
+            compute_ns=int(r.timings.compute_ns),
+            response=r,
+        )
+
+
+def _is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "dim")
+
+
+def _tensor_bytes(logits: Any) -> Tuple[int, Tuple[int, int], bytes]:
+    """(dtype enum, (B, V), little-endian bytes) of a numpy array or torch tensor."""
+    if _is_torch_tensor(logits):
+        import torch  # lazily: the package works without torch
+
+        t = logits.detach()
+        if t.dim() == 1:
+            t = t.unsqueeze(0)
+        if t.dim() != 2:
+            raise ValueError(f"expected logits of shape [B, V], got {tuple(t.shape)}")
+        t = t.contiguous().cpu()
+        shape = (int(t.shape[0]), int(t.shape[1]))
+        if t.dtype == torch.bfloat16:
+            return pb.DTYPE_BF16, shape, t.view(torch.int16).numpy().tobytes()
+        logits = t.numpy()
+    arr = np.asarray(logits)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2:
+        raise ValueError(f"expected logits of shape [B, V], got {arr.shape}")
+    dtype = _DTYPES.get(arr.dtype)
+    if dtype is None:
+        raise TypeError(
+            f"expected float32 or float16 logits (bfloat16 as a torch tensor), got {arr.dtype}"
+        )
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+    return dtype, (arr.shape[0], arr.shape[1]), arr.tobytes()
+
+
+def _per_row(name: str, value: Any, batch: int) -> Optional[list]:
+    """None for a scalar (or None), else a list of B values."""
+    if value is None or np.isscalar(value):
+        return None
+    values = list(np.asarray(value).reshape(-1).tolist())
+    if len(values) != batch:
+        raise ValueError(f"{name}: expected a scalar or {batch} values, got {len(values)}")
+    return values
+
+
+def _params(
+    batch: int,
+    temperature: PerRow,
+    top_k: PerRow,
+    top_p: PerRow,
+    min_p: PerRow,
+    seed: Optional[PerRow],
+    position: PerRow,
+) -> List[Any]:
+    """One SamplingParams for every row when all are scalars, else B of them."""
+    given = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, position=position
+    )
+    rows = {k: _per_row(k, v, batch) for k, v in given.items()}
+    n = 1 if all(v is None for v in rows.values()) else batch
+    out = []
+    for i in range(n):
+        def get(k: str) -> Any:
+            return given[k] if rows[k] is None else rows[k][i]
+
+        p = pb.SamplingParams(
+            temperature=float(get("temperature")),
+            top_k=int(get("top_k")),
+            top_p=float(get("top_p")),
+            min_p=float(get("min_p")),
+            position=int(get("position")),
+        )
+        s = get("seed")
+        if s is not None:
+            p.seed = int(s)
+        out.append(p)
+    return out
+
+
+def _logprob_options(logprobs: Union[None, int, Tuple[int, str]]) -> Optional[Any]:
+    """None, top_n, or (top_n, "raw" | "processed")."""
+    if logprobs is None:
+        return None
+    if isinstance(logprobs, tuple):
+        top_n, source = logprobs
+        return pb.LogprobOptions(top_n=int(top_n), source=_LOGPROB_SOURCES[source])
+    return pb.LogprobOptions(top_n=int(logprobs))
+
+
+class HostShmRegion:
+    """A POSIX shm object ("/dev/shm/samplerd-...") registered with the server as a region.
+
+    ``array`` is a writable numpy view of the whole object; write the next step's logits into it
+    and call :meth:`Client.sample_region`. :meth:`close` (or :meth:`Client.unregister`)
+    unregisters the region, unmaps and unlinks the object.
+    """
+
+    def __init__(self, client: "Client", name: str, key: str, mm: mmap.mmap, array: np.ndarray):
+        self.client = client
+        self.name = name
+        self.key = key
+        self._mmap: Optional[mmap.mmap] = mm
+        self.array = array
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes
+
+    def close(self) -> None:
+        """Unregisters the region (errors ignored), then unmaps and unlinks the object."""
+        if self._mmap is None:
+            return
+        try:
+            self.client._unregister_rpc(self.name)
+        except SamplerError:
+            pass
+        self.client._shm.pop(self.name, None)
+        self.array = np.empty(0, dtype=self.array.dtype)
+        try:
+            self._mmap.close()
+        except BufferError:  # a caller still holds a view; the mapping goes with it
+            pass
+        self._mmap = None
+        try:
+            os.unlink("/dev/shm" + self.key)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "HostShmRegion":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class StreamSession:
+    """One SampleStream call for a decode loop: one :meth:`step` per decode step, in order.
+
+    A step the server rejects raises :class:`SamplerError`; the session stays open. Not
+    thread-safe: one step at a time. Close it (or use it as a context manager) when done.
+    """
+
+    def __init__(self, client: "Client") -> None:
+        self._client = client
+        self._requests: "queue.Queue[Any]" = queue.Queue()
+        self._closed = False
+
+        def gen() -> Iterator[Any]:
+            while True:
+                item = self._requests.get()
+                if item is None:
+                    return
+                yield item
+
+        self._call = client._stub.SampleStream(gen())
+        self._responses = iter(self._call)
+
+    def step(self, logits: Any, **kwargs: Any) -> SampleResult:
+        """Samples one step; takes the same arguments as :meth:`Client.sample`."""
+        return self.step_request(self._client.make_request(logits, **kwargs))
+
+    def step_request(self, request: Any) -> SampleResult:
+        """Sends a prepared samplerd.v1.SampleRequest as the next step and waits for its answer."""
+        if self._closed:
+            raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION, "stream session is closed")
+        self._requests.put(pb.SampleStreamRequest(request=request))
+        try:
+            reply = next(self._responses)
+        except grpc.RpcError as e:
+            self._closed = True
+            raise SamplerError._from_rpc(e) from None
+        except StopIteration:
+            self._closed = True
+            raise SamplerError(grpc.StatusCode.UNAVAILABLE, "stream ended by the server") from None
+        if reply.status.code != 0:
+            code = _CODES.get(reply.status.code, grpc.StatusCode.UNKNOWN)
+            raise SamplerError(code, reply.status.message)
+        return SampleResult._from_pb(reply.response)
+
+    def close(self) -> None:
+        """Half-closes the stream and waits for the server to end it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.put(None)
+        try:
+            for _ in self._responses:
+                pass
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise SamplerError._from_rpc(e) from None
+
+    def __enter__(self) -> "StreamSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Client:
+    """A samplerd client over one gRPC channel. Thread-safe (streams excepted).
+
+    ``target`` is "unix:///abs/path.sock" or "host:port". Unary calls get ``timeout`` seconds.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        timeout: Optional[float] = 10.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_send_message_length", max_message_bytes),
+                ("grpc.max_receive_message_length", max_message_bytes),
+            ],
+        )
+        self._stub = pb_grpc.SamplerServiceStub(self._channel)
+        self._shm: Dict[str, HostShmRegion] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def stub(self) -> Any:
+        """The generated SamplerServiceStub, for anything this wrapper does not cover."""
+        return self._stub
+
+    def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise SamplerError._from_rpc(e) from None
+
+    # --- sampling -------------------------------------------------------------------------------
+
+    def make_request(
+        self,
+        logits: Any = None,
+        *,
+        temperature: PerRow = 1.0,
+        top_k: PerRow = 0,
+        top_p: PerRow = 1.0,
+        min_p: PerRow = 0.0,
+        seed: Optional[PerRow] = None,
+        position: PerRow = 0,
+        logprobs: Union[None, int, Tuple[int, str]] = None,
+        request_id: str = "",
+        region: Optional[Tuple[str, int, int, Tuple[int, int]]] = None,
+        joint_top_p: bool = False,
+    ) -> Any:
+        """Builds a samplerd.v1.SampleRequest (see :meth:`sample` for the arguments).
+
+        ``region`` = (name, byte offset, DType enum, (B, V)) references a registered region
+        instead of sending ``logits``.
+        """
+        if region is not None:
+            name, offset, dtype, (batch, vocab) = region
+            tensor = pb.Tensor(
+                dtype=dtype,
+                shape=[batch, vocab],
+                region=pb.RegionSlice(region=name, offset=int(offset)),
+            )
+        else:
+            dtype, (batch, vocab), data = _tensor_bytes(logits)
+            tensor = pb.Tensor(dtype=dtype, shape=[batch, vocab], inline_data=data)
+        params = _params(batch, temperature, top_k, top_p, min_p, seed, position)
+        if joint_top_p:
+            for p in params:
+                p.top_p_mode = pb.TOP_P_MODE_JOINT
+        request = pb.SampleRequest(request_id=request_id, logits=tensor, params=params)
+        options = _logprob_options(logprobs)
+        if options is not None:
+            request.logprobs.CopyFrom(options)
+        return request
+
+    def sample(
+        self,
+        logits: Any,
+        temperature: PerRow = 1.0,
+        top_k: PerRow = 0,
+        top_p: PerRow = 1.0,
+        min_p: PerRow = 0.0,
+        seed: Optional[PerRow] = None,
+        position: PerRow = 0,
+        logprobs: Union[None, int, Tuple[int, str]] = None,
+        request_id: str = "",
+        *,
+        joint_top_p: bool = False,
+    ) -> SampleResult:
+        """Samples one token per row of ``logits``, sent inline.
+
+        Args:
+            logits: [B, V] (or [V]) numpy float32/float16 array, or a torch tensor (float32,
+                float16, bfloat16; copied to the host).
+            temperature, top_k, top_p, min_p, position: a scalar for every row, or B values.
+                temperature 0 is greedy.
+            seed: None (the server picks; see ``result.seeds``), an int, or B ints.
+            logprobs: None, top_n, or (top_n, "raw" | "processed").
+            request_id: echoed in the result.
+            joint_top_p: top-p against the full row's mass (SGLang) instead of vLLM's.
+
+        Raises:
+            SamplerError: the server's code (INVALID_ARGUMENT, UNAVAILABLE, ...) and message.
+        """
+        request = self.make_request(
+            logits,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            position=position,
+            logprobs=logprobs,
+            request_id=request_id,
+            joint_top_p=joint_top_p,
+        )
+        return self.sample_request(request)
+
+    def sample_request(self, request: Any) -> SampleResult:
+        """Sends a prepared samplerd.v1.SampleRequest."""
+        return SampleResult._from_pb(self._call(self._stub.Sample, request))
+
+    def stream(self) -> StreamSession:
+        """Opens a stream session for a decode loop (one per engine, for its lifetime)."""
+        return StreamSession(self)
+
+    # --- regions --------------------------------------------------------------------------------
+
+    def register_host_shm(
+        self, name: str, array: Union[np.ndarray, int], *, key: Optional[str] = None
+    ) -> HostShmRegion:
+        """Creates a POSIX shm object, copies ``array`` into it and registers it as ``name``.
+
+        ``array`` may also be a byte size (the object is then zero-filled, a uint8 view). The
+        key defaults to "/samplerd-<name>-<pid>". The object lives until the region is closed,
+        unregistered, or the client closed. Host shm works over the server's unix socket.
+        """
+        if isinstance(array, (int, np.integer)):
+            src = np.zeros(int(array), dtype=np.uint8)
+        else:
+            src = np.ascontiguousarray(array)
+        nbytes = src.nbytes
+        if nbytes == 0:
+            raise ValueError("register_host_shm: expected a non-empty array")
+        key = key or f"{SHM_PREFIX}{name}-{os.getpid()}"
+        if not key.startswith(SHM_PREFIX) or "/" in key[1:] or ".." in key:
+            raise ValueError(f"register_host_shm: expected a key '{SHM_PREFIX}NAME', got {key!r}")
+        path = "/dev/shm" + key
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        view = np.frombuffer(mm, dtype=src.dtype).reshape(src.shape)
+        view[...] = src
+        region = HostShmRegion(self, name, key, mm, view)
+        request = pb.RegisterRegionRequest(
+            name=name, host_shm=pb.HostShmRegion(key=key, offset=0, byte_size=nbytes)
+        )
+        try:
+            self._call(self._stub.RegisterRegion, request)
+        except SamplerError:
+            region._mmap = None
+            del view
+            try:
+                mm.close()
+            except BufferError:
+                pass
+            os.unlink(path)
+            raise
+        with self._lock:
+            self._shm[name] = region
+        return region
+
+    def sample_region(
+        self,
+        region: Union[HostShmRegion, str],
+        shape: Optional[Tuple[int, int]] = None,
+        dtype: Any = None,
+        offset: int = 0,
+        **kwargs: Any,
+    ) -> SampleResult:
+        """Samples logits that lie in a registered region, at byte ``offset``.
+
+        With a :class:`HostShmRegion`, shape and dtype default to its array's ([V] arrays are one
+        row). Other arguments as for :meth:`sample`.
+        """
+        if isinstance(region, HostShmRegion):
+            arr = region.array
+            shape = shape or ((1, arr.shape[0]) if arr.ndim == 1 else tuple(arr.shape))
+            dtype = arr.dtype if dtype is None else dtype
+            name = region.name
+        else:
+            name = region
+        if shape is None or dtype is None:
+            raise ValueError("sample_region: shape and dtype are required for a region name")
+        enum = dtype if isinstance(dtype, int) else _DTYPES.get(np.dtype(dtype))
+        if enum is None:
+            raise TypeError(f"sample_region: expected float32 or float16, got {dtype}")
+        request = self.make_request(region=(name, offset, enum, tuple(shape)), **kwargs)
+        return self.sample_request(request)
+
+    def _unregister_rpc(self, name: str) -> None:
+        self._call(self._stub.UnregisterRegion, pb.UnregisterRegionRequest(name=name))
+
+    def unregister(self, name: str) -> None:
+        """Unregisters a region; a host shm object this client created is unlinked too."""
+        with self._lock:
+            region = self._shm.pop(name, None)
+        if region is not None:
+            region.close()
+        else:
+            self._unregister_rpc(name)
+
+    def list_regions(self) -> List[Any]:
+        """The registered regions (samplerd.v1.RegionInfo), sorted by name."""
+        return list(self._call(self._stub.ListRegions, pb.ListRegionsRequest()).regions)
+
+    # --- info and lifetime ----------------------------------------------------------------------
+
+    def server_info(self) -> Any:
+        """The server's samplerd.v1.GetServerInfoResponse (version, backend, devices, limits)."""
+        return self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
+
+    def close(self) -> None:
+        """Releases the host shm regions this client created and closes the channel."""
+        with self._lock:
+            regions = list(self._shm.values())
+        for region in regions:
+            region.close()
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

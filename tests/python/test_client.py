@@ -1,0 +1,200 @@
+"""Tests of the Python client (client/python) against the real samplerd binary (CPU backend).
+
+    client/python/generate.sh && /usr/bin/python3 -m unittest discover -s tests/python -v
+
+Starts SAMPLERD_BIN (default build/default/service/samplerd) on a unix socket in a fresh
+temporary directory, once for the module. deploy/local/test.sh python-client runs this.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+
+import samplerd  # noqa: E402
+
+BIN = os.environ.get("SAMPLERD_BIN", os.path.join(ROOT, "build", "default", "service", "samplerd"))
+_server = None
+_tmp = None
+TARGET = ""
+
+
+def setUpModule():
+    global _server, _tmp, TARGET
+    _tmp = tempfile.mkdtemp(prefix="samplerd-py.")
+    sock = os.path.join(_tmp, "s.sock")
+    TARGET = "unix://" + sock
+    with open(os.path.join(_tmp, "server.log"), "wb") as log:
+        _server = subprocess.Popen(
+            [BIN, "--listen=" + TARGET, "--backend=cpu", "--threads=2"], stdout=log, stderr=log
+        )
+    deadline = time.time() + 30
+    client = samplerd.Client(TARGET, timeout=2)
+    while True:
+        try:
+            client.server_info()
+            break
+        except samplerd.SamplerError:
+            if _server.poll() is not None or time.time() > deadline:
+                with open(os.path.join(_tmp, "server.log")) as f:
+                    raise RuntimeError("samplerd did not start:\n" + f.read()[-4000:])
+            time.sleep(0.05)
+    client.close()
+
+
+def tearDownModule():
+    if _server is not None:
+        _server.terminate()
+        try:
+            _server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            _server.kill()
+            _server.wait()
+    if _tmp:
+        shutil.rmtree(_tmp, ignore_errors=True)
+
+
+def random_logits(batch, vocab, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal((batch, vocab)).astype(dtype)
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.client = samplerd.Client(TARGET)
+
+    def tearDown(self):
+        self.client.close()
+
+    def test_server_info(self):
+        info = self.client.server_info()
+        self.assertEqual(info.backend, samplerd.v1.sampler_pb2.BACKEND_CPU)
+        self.assertGreater(info.limits.max_batch, 0)
+        self.assertTrue(info.version)
+
+    def test_greedy_matches_argmax(self):
+        for dtype in (np.float32, np.float16):
+            logits = random_logits(8, 1000, seed=1, dtype=dtype)
+            result = self.client.sample(logits, temperature=0.0, request_id="greedy")
+            self.assertEqual(result.tokens.dtype, np.int32)
+            np.testing.assert_array_equal(result.tokens, np.argmax(logits, axis=1))
+            np.testing.assert_array_equal(result.row_status, np.ones(8, dtype=np.int32))
+            self.assertEqual(result.request_id, "greedy")
+
+    def test_one_dimensional_logits_are_one_row(self):
+        logits = random_logits(1, 64, seed=2)[0]
+        result = self.client.sample(logits, temperature=0)
+        self.assertEqual(result.tokens.tolist(), [int(np.argmax(logits))])
+
+    def test_torch_is_not_imported_eagerly(self):
+        code = "import sys, samplerd; assert 'torch' not in sys.modules"
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "client", "python"))
+        subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+    def test_torch_bfloat16(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        logits = torch.randn(4, 256, dtype=torch.bfloat16)
+        result = self.client.sample(logits, temperature=0)
+        np.testing.assert_array_equal(result.tokens, logits.float().argmax(dim=1).numpy())
+
+    def test_seeded_sampling_is_reproducible(self):
+        logits = random_logits(16, 500, seed=3)
+        a = self.client.sample(logits, temperature=1.0, top_k=50, seed=1234, position=7)
+        b = self.client.sample(logits, temperature=1.0, top_k=50, seed=1234, position=7)
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        self.assertTrue(np.all(a.seeds == 1234))
+        # Server-chosen seeds are returned and replay the draw.
+        c = self.client.sample(logits, temperature=1.0)
+        d = self.client.sample(logits, temperature=1.0, seed=c.seeds)
+        np.testing.assert_array_equal(c.tokens, d.tokens)
+
+    def test_per_row_parameters(self):
+        logits = random_logits(4, 300, seed=4)
+        result = self.client.sample(
+            logits,
+            temperature=np.array([0.0, 1.0, 0.0, 1.0]),
+            top_k=[0, 1, 0, 1],  # top-k 1 is greedy too
+            seed=[1, 2, 3, 4],
+        )
+        np.testing.assert_array_equal(result.tokens, np.argmax(logits, axis=1))
+        np.testing.assert_array_equal(result.seeds, np.array([1, 2, 3, 4], dtype=np.uint64))
+        with self.assertRaises(ValueError):
+            self.client.sample(logits, temperature=[0.0, 1.0])
+
+    def test_logprobs(self):
+        logits = random_logits(3, 200, seed=5)
+        result = self.client.sample(logits, temperature=0, logprobs=5)
+        self.assertEqual(len(result.logprobs), 3)
+        ref = logits.astype(np.float64)
+        ref = ref - ref.max(axis=1, keepdims=True)
+        ref = ref - np.log(np.exp(ref).sum(axis=1, keepdims=True))
+        for i, lp in enumerate(result.logprobs):
+            self.assertEqual(lp.sampled_rank, 1)
+            self.assertAlmostEqual(lp.sampled_logprob, ref[i].max(), places=4)
+            np.testing.assert_array_equal(lp.top_token_ids, np.argsort(-ref[i], kind="stable")[:5])
+            np.testing.assert_allclose(lp.top_logprobs, np.sort(ref[i])[::-1][:5], atol=1e-4)
+        self.assertIsNone(self.client.sample(logits, temperature=0).logprobs)
+
+    def test_invalid_request_raises(self):
+        logits = random_logits(2, 10, seed=6)
+        with self.assertRaises(samplerd.SamplerError) as ctx:
+            self.client.sample(logits, top_p=1.5)
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("expected", ctx.exception.message)
+        with self.assertRaises(TypeError):
+            self.client.sample(logits.astype(np.float64))
+
+    def test_stream_steps_in_order(self):
+        logits = [random_logits(4, 128, seed=10 + i) for i in range(5)]
+        with self.client.stream() as session:
+            for i, step in enumerate(logits):
+                result = session.step(step, temperature=0, request_id=f"step-{i}")
+                self.assertEqual(result.request_id, f"step-{i}")
+                np.testing.assert_array_equal(result.tokens, np.argmax(step, axis=1))
+            # A rejected step raises; the session stays usable.
+            with self.assertRaises(samplerd.SamplerError) as ctx:
+                session.step(logits[0], top_k=-5)
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            result = session.step(logits[1], temperature=0, request_id="after")
+            self.assertEqual(result.request_id, "after")
+
+    def test_host_shm_region_equals_inline(self):
+        logits = random_logits(6, 400, seed=7)
+        region = self.client.register_host_shm("pytest-shm", logits)
+        try:
+            names = [r.name for r in self.client.list_regions()]
+            self.assertIn("pytest-shm", names)
+            for position in range(3):
+                inline = self.client.sample(logits, seed=99, position=position, top_p=0.9)
+                shm = self.client.sample_region(region, seed=99, position=position, top_p=0.9)
+                np.testing.assert_array_equal(inline.tokens, shm.tokens)
+            # Reuse: write new logits into the mapped array, sample again.
+            region.array[...] = random_logits(6, 400, seed=8)
+            shm = self.client.sample_region(region, temperature=0)
+            np.testing.assert_array_equal(shm.tokens, np.argmax(region.array, axis=1))
+            # By name, at an offset: rows 2.. of the object.
+            row_bytes = 400 * 4
+            part = self.client.sample_region(
+                "pytest-shm", shape=(4, 400), dtype=np.float32, offset=2 * row_bytes, temperature=0
+            )
+            np.testing.assert_array_equal(part.tokens, np.argmax(region.array[2:], axis=1))
+            key = region.key
+        finally:
+            self.client.unregister("pytest-shm")
+        self.assertFalse(os.path.exists("/dev/shm" + key))
+        self.assertNotIn("pytest-shm", [r.name for r in self.client.list_regions()])
+
+
+if __name__ == "__main__":
+    unittest.main()
