@@ -2,12 +2,12 @@
 //
 // Nothing here may abort the process: on a machine without a driver or a device every call
 // returns the runtime's error code, and ListDevices returns an empty list with the reason.
-#include "kernels/gpu/runtime.h"
-
 #include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <utility>
+
+#include "kernels/gpu/runtime.h"
 
 #if !defined(__HIPCC__)
 #include <dlfcn.h>

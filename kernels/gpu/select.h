@@ -287,7 +287,8 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
         s.sort.index[slot] = static_cast<int32_t>(index);
       });
       __syncthreads();
-      if (!drawing) return ResolveCollected<kThreads>(s, bin_above, target, by_mass, row_max, reduce);
+      if (!drawing)
+        return ResolveCollected<kThreads>(s, bin_above, target, by_mass, row_max, reduce);
       const int n = static_cast<int>(s.collected);
       SortDescending<kThreads>(s, n);
       const uint32_t cut = CutSorted<kThreads>(s, n, bin_above, target, by_mass, row_max, reduce);

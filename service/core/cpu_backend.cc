@@ -54,9 +54,8 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   }
 
   // One row costs O(V log V); a row per chunk keeps the cores busy even at B = 2.
-  pool_.ParallelFor(b, 1, [&args](int64_t begin, int64_t end) {
-    kernels::CpuSampleRows(args, begin, end);
-  });
+  pool_.ParallelFor(
+      b, 1, [&args](int64_t begin, int64_t end) { kernels::CpuSampleRows(args, begin, end); });
 
   if (n >= 0) {
     result->logprobs.resize(b);

@@ -15,8 +15,8 @@ class SeedSource {
   explicit SeedSource(uint64_t start) : state_(start) {}
 
   uint64_t Next() {
-    uint64_t z = state_.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed) +
-                 0x9E3779B97F4A7C15ull;
+    uint64_t z =
+        state_.fetch_add(0x9E3779B97F4A7C15ull, std::memory_order_relaxed) + 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);

@@ -9,10 +9,10 @@
 #define SAMPLERD_CONCAT_(a, b) SAMPLERD_CONCAT_INNER_(a, b)
 
 // Returns `expr`'s status from the enclosing function when it is not OK.
-#define RETURN_IF_ERROR(expr)                 \
-  do {                                        \
-    const ::absl::Status _status = (expr);    \
-    if (!_status.ok()) return _status;        \
+#define RETURN_IF_ERROR(expr)              \
+  do {                                     \
+    const ::absl::Status _status = (expr); \
+    if (!_status.ok()) return _status;     \
   } while (false)
 
 // `lhs = *expr` when `expr` (an absl::StatusOr) is OK, else returns its status.

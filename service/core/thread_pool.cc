@@ -22,7 +22,8 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
                              const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(size(), n / std::max<int64_t>(grain, 1)));
+  const int64_t parts =
+      std::max<int64_t>(1, std::min<int64_t>(size(), n / std::max<int64_t>(grain, 1)));
   if (parts == 1) {
     fn(0, n);
     return;

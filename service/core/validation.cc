@@ -138,13 +138,13 @@ absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& reques
   const int64_t got = static_cast<int64_t>(request.inline_data.size());
   // Region slices are checked against the region when it is leased (same byte count).
   if (request.has_inline_data && got != want) {
-    return Invalid(absl::StrCat(want, " bytes of logits.inline_data for shape [", out.batch, ", ",
-                                out.vocab, "]",
-                                out.row_stride != out.vocab
-                                    ? absl::StrCat(" with row_stride ", out.row_stride)
-                                    : std::string(),
-                                " and ", kernels::DTypeSize(out.dtype), "-byte elements"),
-                   absl::StrCat(got, " bytes"));
+    return Invalid(
+        absl::StrCat(want, " bytes of logits.inline_data for shape [", out.batch, ", ", out.vocab,
+                     "]",
+                     out.row_stride != out.vocab ? absl::StrCat(" with row_stride ", out.row_stride)
+                                                 : std::string(),
+                     " and ", kernels::DTypeSize(out.dtype), "-byte elements"),
+        absl::StrCat(got, " bytes"));
   }
 
   const size_t n_params = request.params.size();

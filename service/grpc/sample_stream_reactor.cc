@@ -71,8 +71,8 @@ void SampleStreamReactor::HandleMessageLocked() {
     std::string* data = step->message.mutable_request()->mutable_logits()->mutable_inline_data();
     const int64_t limit = core_->limits().max_stream_step_bytes;
     if (static_cast<int64_t>(data->size() + read_.chunk().size()) > limit) {
-      step->error = absl::ResourceExhaustedError(absl::StrCat(
-          "expected a chunked step of at most ", limit, " bytes, got more"));
+      step->error = absl::ResourceExhaustedError(
+          absl::StrCat("expected a chunked step of at most ", limit, " bytes, got more"));
       data->clear();
     } else {
       data->append(read_.chunk());

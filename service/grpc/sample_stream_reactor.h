@@ -37,8 +37,8 @@ class SampleStreamReactor final
   struct Step {
     v1::SampleStreamRequest message;  // owns the logits bytes while the step is sampled
     v1::SampleStreamResponse response;
-    absl::Status error;   // set while assembling: the step fails once its last chunk arrives
-    bool ready = false;   // `response` is final
+    absl::Status error;  // set while assembling: the step fails once its last chunk arrives
+    bool ready = false;  // `response` is final
   };
 
   // Handles the message in read_ (mu_ held).
@@ -61,7 +61,7 @@ class SampleStreamReactor final
   bool reading_ = false;
   bool reads_done_ = false;
   bool writing_ = false;
-  bool broken_ = false;    // a write failed: drop answers, finish when the core is done
+  bool broken_ = false;  // a write failed: drop answers, finish when the core is done
   bool finished_ = false;
 };
 

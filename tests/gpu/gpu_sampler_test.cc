@@ -60,8 +60,8 @@ struct Shape {
   int64_t batch, vocab, stride;
 };
 
-const Shape kShapes[] = {{8, 32000, 0},  {3, 151936, 0}, {16, 111, 0},
-                         {5, 1, 0},      {4, 8193, 0},   {2, 20000, 20011}};
+const Shape kShapes[] = {{8, 32000, 0}, {3, 151936, 0}, {16, 111, 0},
+                         {5, 1, 0},     {4, 8193, 0},   {2, 20000, 20011}};
 
 const DType kDTypes[] = {DType::kFp32, DType::kBf16, DType::kFp16};
 
@@ -109,11 +109,12 @@ TEST_F(GpuSamplerTest, TokensMatchTheCpuReference) {
             if (gpu.tokens[r] == cpu.tokens[r]) continue;
             ++mismatches;
             if (setting.params.temperature == 0.0f) ++greedy_mismatches;
-            std::printf("mismatch %s %s %s B=%ld V=%ld row %ld: cpu %d (score %.7f) gpu %d "
-                        "(score %.7f)\n",
-                        setting.name, DTypeName(dtype), kind, static_cast<long>(b.batch),
-                        static_cast<long>(b.vocab), static_cast<long>(r), cpu.tokens[r],
-                        Score(b, r, cpu.tokens[r]), gpu.tokens[r], Score(b, r, gpu.tokens[r]));
+            std::printf(
+                "mismatch %s %s %s B=%ld V=%ld row %ld: cpu %d (score %.7f) gpu %d "
+                "(score %.7f)\n",
+                setting.name, DTypeName(dtype), kind, static_cast<long>(b.batch),
+                static_cast<long>(b.vocab), static_cast<long>(r), cpu.tokens[r],
+                Score(b, r, cpu.tokens[r]), gpu.tokens[r], Score(b, r, gpu.tokens[r]));
           }
         }
       }
@@ -139,13 +140,13 @@ Batch DegenerateBatch(DType dtype) {
   };
   std::mt19937_64 rng(99);
   for (int64_t j = 0; j < b.vocab; ++j) {
-    set(0, j, -kInf);                                              // no finite logit
-    set(1, j, static_cast<float>(j % 7));                          // NaN below
-    set(2, j, static_cast<float>(j % 5));                          // +inf below
-    set(3, j, 1.5f);                                               // all tied
-    set(4, j, j % 10 == 0 ? static_cast<float>(j % 13) : -kInf);   // 90% masked
-    set(5, j, static_cast<float>(j % 3));                          // heavy ties
-    set(6, j, j == 999 ? 2.0f : -kInf);                            // one finite token, last
+    set(0, j, -kInf);                                             // no finite logit
+    set(1, j, static_cast<float>(j % 7));                         // NaN below
+    set(2, j, static_cast<float>(j % 5));                         // +inf below
+    set(3, j, 1.5f);                                              // all tied
+    set(4, j, j % 10 == 0 ? static_cast<float>(j % 13) : -kInf);  // 90% masked
+    set(5, j, static_cast<float>(j % 3));                         // heavy ties
+    set(6, j, j == 999 ? 2.0f : -kInf);                           // one finite token, last
   }
   set(1, 500, std::numeric_limits<float>::quiet_NaN());
   set(2, 10, kInf);
@@ -199,7 +200,8 @@ TEST_F(GpuSamplerTest, LogprobsMatchTheCpuReference) {
         b.source = source;
         const Outputs cpu = RunCpu(b);
         const Outputs gpu = RunGpu(b);
-        SCOPED_TRACE(std::string(setting.name) + (source == LogprobSource::kRaw ? " raw" : " processed") +
+        SCOPED_TRACE(std::string(setting.name) +
+                     (source == LogprobSource::kRaw ? " raw" : " processed") +
                      " N=" + std::to_string(top_n));
         if (gpu.tokens != cpu.tokens) continue;  // a near-tie draw; counted by the test above
         EXPECT_EQ(gpu.sampled_rank, cpu.sampled_rank);

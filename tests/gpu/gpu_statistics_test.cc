@@ -64,15 +64,15 @@ std::vector<double> ExactDistribution(const std::vector<float>& x, float t, int 
 }
 
 TEST_F(GpuStatisticsTest, DrawsFollowTheExactDistribution) {
-  const std::vector<float> logits = {2.0f, 1.5f, 1.4f, 1.0f, 0.7f, 0.5f,
+  const std::vector<float> logits = {2.0f, 1.5f,  1.4f,  1.0f,  0.7f,  0.5f,
                                      0.1f, -0.3f, -1.0f, -2.0f, -kInf, 3.0f};
   struct Case {
     float t;
     int k;
     float p;
   };
-  for (const Case& c : {Case{1.0f, 0, 1.0f}, Case{0.9f, 8, 0.9f}, Case{1.5f, 0, 0.8f},
-                        Case{0.7f, 5, 1.0f}}) {
+  for (const Case& c :
+       {Case{1.0f, 0, 1.0f}, Case{0.9f, 8, 0.9f}, Case{1.5f, 0, 0.8f}, Case{0.7f, 5, 1.0f}}) {
     const std::vector<double> expected = ExactDistribution(logits, c.t, c.k, c.p);
     Batch b;
     b.dtype = DType::kFp32;

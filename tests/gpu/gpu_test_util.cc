@@ -178,8 +178,6 @@ Outputs RunGpu(const Batch& b) {
   return o;
 }
 
-bool HaveGpu(std::string* why) {
-  return !gpu::ListDevices(why).empty();
-}
+bool HaveGpu(std::string* why) { return !gpu::ListDevices(why).empty(); }
 
 }  // namespace samplerd::kernels::testing

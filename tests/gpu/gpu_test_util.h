@@ -19,7 +19,7 @@ struct Batch {
   int64_t batch = 0;
   int64_t vocab = 0;
   int64_t row_stride = 0;
-  std::vector<uint8_t> bytes;    // [batch, row_stride] elements of dtype
+  std::vector<uint8_t> bytes;     // [batch, row_stride] elements of dtype
   std::vector<RowParams> params;  // 1 or batch entries
   int32_t top_logprobs = -1;
   LogprobSource source = LogprobSource::kRaw;

@@ -274,9 +274,8 @@ TEST_F(GpuServerTest, RequestsMayNameTheDeviceByBusIdOrUuid) {
         << "device \"" << name << "\"";
   }
 
-  const std::string other = device.pci_bus_id().find("ff:1f.7") == std::string::npos
-                                ? "0000:ff:1f.7"
-                                : "0000:fe:1f.7";
+  const std::string other =
+      device.pci_bus_id().find("ff:1f.7") == std::string::npos ? "0000:ff:1f.7" : "0000:fe:1f.7";
   request.set_device(other);
   v1::SampleResponse response;
   const grpc::Status status = gpu_->Sample(request, &response);
@@ -319,31 +318,33 @@ TEST_F(GpuServerTest, TokensMatchTheCpuServer) {
           if (gpu.token_ids(r) == cpu.token_ids(r)) continue;
           ++(greedy ? greedy_mismatches : mismatches);
           ++here;
-          std::printf("mismatch %s %s B=%ld V=%ld row %ld: cpu %d (logit %.7g, score %.7f) "
-                      "gpu %d (logit %.7g, score %.7f)\n",
-                      setting.name, DTypeName(dtype), static_cast<long>(shape.batch),
-                      static_cast<long>(shape.vocab), static_cast<long>(r), cpu.token_ids(r),
-                      logits.Get(r, cpu.token_ids(r)), Score(logits, request, r, cpu.token_ids(r)),
-                      gpu.token_ids(r),
-                      gpu.token_ids(r) >= 0 && gpu.token_ids(r) < shape.vocab
-                          ? logits.Get(r, gpu.token_ids(r))
-                          : kNaN,
-                      Score(logits, request, r, gpu.token_ids(r)));
+          std::printf(
+              "mismatch %s %s B=%ld V=%ld row %ld: cpu %d (logit %.7g, score %.7f) "
+              "gpu %d (logit %.7g, score %.7f)\n",
+              setting.name, DTypeName(dtype), static_cast<long>(shape.batch),
+              static_cast<long>(shape.vocab), static_cast<long>(r), cpu.token_ids(r),
+              logits.Get(r, cpu.token_ids(r)), Score(logits, request, r, cpu.token_ids(r)),
+              gpu.token_ids(r),
+              gpu.token_ids(r) >= 0 && gpu.token_ids(r) < shape.vocab
+                  ? logits.Get(r, gpu.token_ids(r))
+                  : kNaN,
+              Score(logits, request, r, gpu.token_ids(r)));
         }
-        std::printf("%-26s %s %4ldx%-6ld gpu compute %8.1f us, cpu compute %9.1f us, %ld "
-                    "mismatches\n",
-                    setting.name, DTypeName(dtype), static_cast<long>(shape.batch),
-                    static_cast<long>(shape.vocab), gpu.timings().compute_ns() / 1e3,
-                    cpu.timings().compute_ns() / 1e3, static_cast<long>(here));
+        std::printf(
+            "%-26s %s %4ldx%-6ld gpu compute %8.1f us, cpu compute %9.1f us, %ld "
+            "mismatches\n",
+            setting.name, DTypeName(dtype), static_cast<long>(shape.batch),
+            static_cast<long>(shape.vocab), gpu.timings().compute_ns() / 1e3,
+            cpu.timings().compute_ns() / 1e3, static_cast<long>(here));
         std::fflush(stdout);  // the log stays complete if the run is cut off
       }
     }
   }
-  std::printf("GPU server vs CPU server: greedy %ld rows, %ld mismatches; other settings %ld "
-              "rows, %ld mismatches (%.4f%%)\n",
-              static_cast<long>(greedy_rows), static_cast<long>(greedy_mismatches),
-              static_cast<long>(rows), static_cast<long>(mismatches),
-              rows > 0 ? 100.0 * mismatches / rows : 0.0);
+  std::printf(
+      "GPU server vs CPU server: greedy %ld rows, %ld mismatches; other settings %ld "
+      "rows, %ld mismatches (%.4f%%)\n",
+      static_cast<long>(greedy_rows), static_cast<long>(greedy_mismatches), static_cast<long>(rows),
+      static_cast<long>(mismatches), rows > 0 ? 100.0 * mismatches / rows : 0.0);
   EXPECT_EQ(greedy_mismatches, 0) << "greedy must be identical";
   EXPECT_LE(mismatches * 1000, rows) << "more than 0.1% of rows disagree";
 }
@@ -402,8 +403,8 @@ TEST_F(GpuServerTest, LogprobsMatchTheCpuServer) {
         for (const char* name : names) wanted = wanted || std::strcmp(name, setting.name) == 0;
         if (!wanted) continue;
         for (v1::LogprobSource source : {v1::LOGPROB_SOURCE_RAW, v1::LOGPROB_SOURCE_PROCESSED}) {
-          SCOPED_TRACE(std::string(setting.name) + " " + DTypeName(dtype) + " V=" +
-                       std::to_string(vocab) +
+          SCOPED_TRACE(std::string(setting.name) + " " + DTypeName(dtype) +
+                       " V=" + std::to_string(vocab) +
                        (source == v1::LOGPROB_SOURCE_RAW ? " raw" : " processed"));
           SetRowParams(request, setting.params, ++seed * 31);
           request.mutable_logprobs()->set_top_n(kTopN);
@@ -448,8 +449,8 @@ TEST_F(GpuServerTest, StreamSessionAnswersTwentyStepsInOrder) {
   std::unique_ptr<SampleSession> session = gpu_->OpenStream();
   int64_t cpu_rows = 0, cpu_mismatches = 0;
   for (int step = 0; step < kSteps; ++step) {
-    const Logits logits = RandomLogits(step % 2 == 0 ? v1::DTYPE_FP32 : v1::DTYPE_BF16, 4,
-                                       32000, 9000 + static_cast<uint64_t>(step));
+    const Logits logits = RandomLogits(step % 2 == 0 ? v1::DTYPE_FP32 : v1::DTYPE_BF16, 4, 32000,
+                                       9000 + static_cast<uint64_t>(step));
     v1::SampleRequest request = RequestFor(logits);
     request.set_request_id("gpu-step-" + std::to_string(step));
     SetRowParams(request, Params(1.0f, 50, 0.9f, 0.0f), 555);

@@ -38,8 +38,8 @@ int samplerd_write_params(int64_t batch, const float* temperature, const int32_t
     params[i].seed = seed[i];
     params[i].position = position[i];
   }
-  int err = gpu::CopyToDevice(device_params, params.data(), params.size() * sizeof(RowParams),
-                              nullptr);
+  int err =
+      gpu::CopyToDevice(device_params, params.data(), params.size() * sizeof(RowParams), nullptr);
   if (err == 0) err = gpu::StreamSynchronize(nullptr);
   return err;
 }
@@ -47,8 +47,8 @@ int samplerd_write_params(int64_t batch, const float* temperature, const int32_t
 // Samples a dense [batch, vocab] tensor (dtype 0 fp32, 1 fp16, 2 bf16) on `stream`; all
 // pointers are device memory. Returns the runtime error code (0 = success).
 int samplerd_sample(const void* logits, int dtype, int64_t batch, int64_t vocab,
-                    const void* device_params, int32_t* token_ids, uint8_t* status,
-                    void* workspace, size_t workspace_bytes, void* stream) {
+                    const void* device_params, int32_t* token_ids, uint8_t* status, void* workspace,
+                    size_t workspace_bytes, void* stream) {
   SampleArgs args;
   args.logits = logits;
   args.dtype = static_cast<DType>(dtype);

@@ -28,8 +28,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "Sample: %s\n", status.error_message().c_str());
     return 1;
   }
-  if (response.token_ids_size() != 2 || response.token_ids(0) != 2 ||
-      response.token_ids(1) != 0) {
+  if (response.token_ids_size() != 2 || response.token_ids(0) != 2 || response.token_ids(1) != 0) {
     std::fprintf(stderr, "Sample: expected tokens [2, 0], got %s\n",
                  response.ShortDebugString().c_str());
     return 1;
