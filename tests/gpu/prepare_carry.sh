@@ -7,8 +7,8 @@
 # Then, on the GPU machine, from the repository root with .carry/gpu_run carried along:
 #   cd .carry/gpu_run && bash run_on_gpu.sh [--bench-args "--quick"] [--no-bench]
 #
-# The folder holds run_on_gpu.sh, bench_kernels.py, ipc_producer.py, py/ (the Python stubs of
-# proto/samplerd/v1/sampler.proto, generated here with protoc and grpc_python_plugin: the GPU
+# The folder holds run_on_gpu.sh, bench_kernels.py, ipc_producer.py, python_client_cuda.py,
+# decode_loop.py, py/ (the Python client package with the stubs of proto/samplerd/v1/sampler.proto, generated here with protoc and grpc_python_plugin: the GPU
 # machine has grpcio and protobuf but no generator), README.md, MANIFEST.txt and payload.tar.xz
 # (the stripped binaries, libsamplerd_capi.so and lib/ with the Debian shared libraries of the
 # gRPC binaries), which run_on_gpu.sh unpacks.
@@ -69,7 +69,8 @@ for name in "${!BUILT[@]}"; do
   cp "${BUILT[$name]}" "$STAGE/$name"
 done
 cp tests/bench/gpu/bench_kernels.py tests/gpu/run_on_gpu.sh tests/gpu/README.md \
-  tests/gpu/ipc_producer.py "$CARRY/"
+  tests/gpu/ipc_producer.py tests/gpu/python_client_cuda.py tests/bench/engine/decode_loop.py \
+  "$CARRY/"
 chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py" "$CARRY/ipc_producer.py"
 
 # Python stubs for ipc_producer.py (samplerd/v1/sampler_pb2.py and sampler_pb2_grpc.py under
@@ -89,6 +90,9 @@ protoc --proto_path=proto --python_out="$CARRY/py" --grpc_python_out="$CARRY/py"
   --plugin=protoc-gen-grpc_python="$PY_PLUGIN" proto/samplerd/v1/sampler.proto
 [[ -f "$CARRY/py/samplerd/v1/sampler_pb2.py" && -f "$CARRY/py/samplerd/v1/sampler_pb2_grpc.py" ]] ||
   die "protoc did not write the Python stubs into $CARRY/py/samplerd/v1"
+# The Python client package around them (python_client_cuda.py, decode_loop.py).
+cp client/python/samplerd/*.py "$CARRY/py/samplerd/"
+touch "$CARRY/py/samplerd/v1/__init__.py"
 
 # Shared libraries: everything ldd resolves, except the C/C++ runtime the GPU machine has itself
 # (a newer glibc and libstdc++ run binaries built against older ones).

@@ -19,6 +19,10 @@
 #                         tokens vs the CPU server; bad ranges and handles; unregister in flight
 #   ipc_torch             ipc_producer.py: PyTorch tensors shared by _share_cuda_(), ready and
 #                         done events, tokens vs the CPU server (Python stubs from ./py)
+#   pyclient_cuda         python_client_cuda.py: the Python client with CUDA tensors (GPU IPC regions
+#                         cached per allocation, ready events, fallbacks), tokens vs the CPU server
+#   engine                decode_loop.py: a 0.5B decoder generating with PyTorch-native sampling vs
+#                         samplerd over GPU IPC (a benchmark: engine.json / engine.md into $RESULTS)
 #   transports            samplerd_bench_transports: round trips by transport vs the bare kernel
 #                         (transports.json / transports.md into $RESULTS)
 #   servers_stop          SIGTERM both servers; each must exit 0
@@ -38,8 +42,9 @@ usage: run_on_gpu.sh [--no-bench] [--bench-args "ARGS"] [--transport-args "ARGS"
   --bench-args "ARGS"  more arguments for bench_kernels.py, e.g. "--quick" or
                        "--batches 1,128 --vocabs 151936 --dtypes fp32"
   --transport-args "ARGS"  more arguments for samplerd_bench_transports, e.g. "--seconds 1"
+  --engine-args "ARGS" more arguments for decode_loop.py, e.g. "--batches 1 --steps 16"
   --only STEPS         comma-separated groups to run:
-                       sampler,statistics,server,example,ipc,transports,bench
+                       sampler,statistics,server,example,ipc,pyclient,engine,transports,bench
   --timeout SECS       limit of each test step (default 240)
   --bench-timeout SECS limit of the benchmark (default 420)
   --deadline SECS      the whole run ends within this (default 570: a summary before a 600 s kill)
@@ -49,7 +54,8 @@ EOF
 BENCH=1
 BENCH_ARGS=""
 TRANSPORT_ARGS=""
-ONLY="sampler,statistics,server,example,ipc,transports,bench"
+ONLY="sampler,statistics,server,example,ipc,pyclient,engine,transports,bench"
+ENGINE_ARGS=""
 STEP_TIMEOUT=240
 BENCH_TIMEOUT=420
 DEADLINE=570
@@ -60,6 +66,8 @@ while (($# > 0)); do
     --bench-args=*) BENCH_ARGS="${1#*=}" ;;
     --transport-args) TRANSPORT_ARGS="${2-}"; shift ;;
     --transport-args=*) TRANSPORT_ARGS="${1#*=}" ;;
+    --engine-args) ENGINE_ARGS="${2-}"; shift ;;
+    --engine-args=*) ENGINE_ARGS="${1#*=}" ;;
     --only) ONLY="${2-}"; shift ;;
     --only=*) ONLY="${1#*=}" ;;
     --timeout) STEP_TIMEOUT="${2-}"; shift ;;
@@ -248,7 +256,8 @@ wait_ready() {
   return 1
 }
 
-if selected server || selected example || selected ipc || (selected transports && ((BENCH))); then
+if selected server || selected example || selected ipc || selected pyclient ||
+   (selected engine && ((BENCH))) || (selected transports && ((BENCH))); then
   t0=$SECONDS
   log="$RESULTS/servers_start.log"
   rm -rf "$SOCK_DIR" && mkdir -p "$SOCK_DIR"
@@ -310,6 +319,31 @@ if selected server || selected example || selected ipc || (selected transports &
         echo "not run: both servers are needed" >"$RESULTS/$name.log"
         record "$name" FAIL 0 "not run: both servers are needed"
       done
+    fi
+  fi
+
+  # The Python client with CUDA tensors, against both servers.
+  if selected pyclient; then
+    if ((GPU_UP && CPU_UP)); then
+      run_step pyclient_cuda "$STEP_TIMEOUT" python3 -u "$HERE/python_client_cuda.py" \
+        --gpu "$GPU_TARGET" --cpu "$CPU_TARGET" --py "$HERE/py"
+    else
+      echo "not run: both servers are needed" >"$RESULTS/pyclient_cuda.log"
+      record pyclient_cuda FAIL 0 "not run: both servers are needed"
+    fi
+  fi
+
+  # The engine decode loop (a benchmark: its numbers go to $RESULTS).
+  if selected engine && ((BENCH)); then
+    if ((GPU_UP)); then
+      engine_argv=()
+      read -r -a engine_argv <<<"$ENGINE_ARGS"
+      run_step engine "$BENCH_TIMEOUT" python3 -u "$HERE/decode_loop.py" --target "$GPU_TARGET" \
+        --py "$HERE/py" --json "$RESULTS/engine.json" --markdown "$RESULTS/engine.md" \
+        "${engine_argv[@]}"
+    else
+      echo "not run: no GPU server" >"$RESULTS/engine.log"
+      record engine FAIL 0 "not run: no GPU server"
     fi
   fi
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import queue
 import threading
+import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -19,6 +22,7 @@ except ImportError as e:  # pragma: no cover - depends on the build
     raise ImportError(
         "samplerd: the generated stubs are missing; run client/python/generate.sh first"
     ) from e
+from ._cuda import CudaIpc, IpcUnavailable, Lease, is_cuda_tensor  # noqa: E402 - needs the stubs
 
 #: A per-row parameter: one value for every row, or a sequence / array of B values.
 PerRow = Union[float, int, Sequence[Any], np.ndarray]
@@ -258,7 +262,14 @@ class StreamSession:
 
     def step(self, logits: Any, **kwargs: Any) -> SampleResult:
         """Samples one step; takes the same arguments as :meth:`Client.sample`."""
-        return self.step_request(self._client.make_request(logits, **kwargs))
+        tensor, ready, lease = self._client._logits_tensor(logits)
+        try:
+            return self.step_request(
+                self._client.make_request(tensor=tensor, ready_event=ready, **kwargs)
+            )
+        finally:
+            if lease is not None:
+                lease.release()
 
     def step_request(self, request: Any) -> SampleResult:
         """Sends a prepared samplerd.v1.SampleRequest as the next step and waits for its answer."""
@@ -302,7 +313,21 @@ class Client:
     """A samplerd client over one gRPC channel. Thread-safe (streams excepted).
 
     ``target`` is "unix:///abs/path.sock" or "host:port". Unary calls get ``timeout`` seconds.
+
+    ``cuda_ipc`` says how CUDA tensors travel: "auto" (default) through GPU IPC when the server
+    samples on the same GPU and accepts it, else (with one warning saying why) copied to the
+    host and sent inline; "always" raises instead of falling back; "never" always copies.
+    ``max_cuda_regions`` bounds the GPU IPC regions kept registered (least recently used go).
     """
+
+    _CUDA_IPC_MODES = ("auto", "always", "never")
+    #: Registration refusals that mean "GPU IPC cannot work here" (fall back in "auto").
+    _IPC_REFUSALS = (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.NOT_FOUND,
+    )
 
     def __init__(
         self,
@@ -310,9 +335,16 @@ class Client:
         *,
         timeout: Optional[float] = 10.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        cuda_ipc: str = "auto",
+        max_cuda_regions: int = 16,
     ) -> None:
+        if cuda_ipc not in self._CUDA_IPC_MODES:
+            raise ValueError(f"cuda_ipc: expected one of {self._CUDA_IPC_MODES}, got {cuda_ipc!r}")
+        if max_cuda_regions < 1:
+            raise ValueError(f"max_cuda_regions: expected >= 1, got {max_cuda_regions}")
         self.target = target
         self.timeout = timeout
+        self.cuda_ipc = cuda_ipc
         self._channel = grpc.insecure_channel(
             target,
             options=[
@@ -323,6 +355,14 @@ class Client:
         self._stub = pb_grpc.SamplerServiceStub(self._channel)
         self._shm: Dict[str, HostShmRegion] = {}
         self._lock = threading.Lock()
+        self._info: Any = None
+        self._cuda = CudaIpc(self._call, self._stub, self._cached_server_info, max_cuda_regions)
+        #: Why CUDA tensors are copied to the host ("auto" mode after a refusal), else None.
+        self.cuda_ipc_off_reason: Optional[str] = None
+        # Regions are given back at interpreter exit when the client was not closed.
+        ref = weakref.ref(self)
+        self._at_exit = lambda: ref() is not None and ref()._release_regions()  # type: ignore
+        atexit.register(self._at_exit)
 
     @property
     def stub(self) -> Any:
@@ -351,13 +391,19 @@ class Client:
         request_id: str = "",
         region: Optional[Tuple[str, int, int, Tuple[int, int]]] = None,
         joint_top_p: bool = False,
+        tensor: Any = None,
+        ready_event: bytes = b"",
     ) -> Any:
         """Builds a samplerd.v1.SampleRequest (see :meth:`sample` for the arguments).
 
         ``region`` = (name, byte offset, DType enum, (B, V)) references a registered region
-        instead of sending ``logits``.
+        instead of sending ``logits``; ``tensor`` is a prepared samplerd.v1.Tensor, sent as is,
+        and ``ready_event`` a CUDA IPC event handle the server waits for. Torch tensors given as
+        ``logits`` here are copied to the host (:meth:`sample` sends CUDA tensors by GPU IPC).
         """
-        if region is not None:
+        if tensor is not None:
+            batch, vocab = int(tensor.shape[0]), int(tensor.shape[1])
+        elif region is not None:
             name, offset, dtype, (batch, vocab) = region
             tensor = pb.Tensor(
                 dtype=dtype,
@@ -372,6 +418,8 @@ class Client:
             for p in params:
                 p.top_p_mode = pb.TOP_P_MODE_JOINT
         request = pb.SampleRequest(request_id=request_id, logits=tensor, params=params)
+        if ready_event:
+            request.ready_event = bytes(ready_event)
         options = _logprob_options(logprobs)
         if options is not None:
             request.logprobs.CopyFrom(options)
@@ -391,11 +439,12 @@ class Client:
         *,
         joint_top_p: bool = False,
     ) -> SampleResult:
-        """Samples one token per row of ``logits``, sent inline.
+        """Samples one token per row of ``logits`` (sent inline, or by GPU IPC for CUDA tensors).
 
         Args:
             logits: [B, V] (or [V]) numpy float32/float16 array, or a torch tensor (float32,
-                float16, bfloat16; copied to the host).
+                float16, bfloat16). A CUDA tensor stays on the GPU (GPU IPC, see ``cuda_ipc``);
+                other tensors are copied to the host.
             temperature, top_k, top_p, min_p, position: a scalar for every row, or B values.
                 temperature 0 is greedy.
             seed: None (the server picks; see ``result.seeds``), an int, or B ints.
@@ -406,19 +455,50 @@ class Client:
         Raises:
             SamplerError: the server's code (INVALID_ARGUMENT, UNAVAILABLE, ...) and message.
         """
-        request = self.make_request(
-            logits,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            position=position,
-            logprobs=logprobs,
-            request_id=request_id,
-            joint_top_p=joint_top_p,
+        tensor, ready, lease = self._logits_tensor(logits)
+        try:
+            return self.sample_request(
+                self.make_request(
+                    tensor=tensor,
+                    ready_event=ready,
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                    min_p=min_p,
+                    seed=seed,
+                    position=position,
+                    logprobs=logprobs,
+                    request_id=request_id,
+                    joint_top_p=joint_top_p,
+                )
+            )
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def _logits_tensor(self, logits: Any) -> Tuple[Any, bytes, Optional[Lease]]:
+        """(samplerd.v1.Tensor, ready event handle, Lease to release after the reply)."""
+        if is_cuda_tensor(logits) and self.cuda_ipc != "never" and not self.cuda_ipc_off_reason:
+            try:
+                return self._cuda.prepare(logits)
+            except IpcUnavailable as e:
+                self._ipc_refused(str(e))
+            except SamplerError as e:
+                if e.code not in self._IPC_REFUSALS:
+                    raise
+                self._ipc_refused(f"the server refused the region: {e}")
+        dtype, (batch, vocab), data = _tensor_bytes(logits)
+        return pb.Tensor(dtype=dtype, shape=[batch, vocab], inline_data=data), b"", None
+
+    def _ipc_refused(self, reason: str) -> None:
+        if self.cuda_ipc == "always":
+            raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION, f"GPU IPC: {reason}")
+        self.cuda_ipc_off_reason = reason
+        warnings.warn(
+            f"samplerd: CUDA tensors are copied to the host and sent inline: {reason}",
+            RuntimeWarning,
+            stacklevel=4,
         )
-        return self.sample_request(request)
 
     def sample_request(self, request: Any) -> SampleResult:
         """Sends a prepared samplerd.v1.SampleRequest."""
@@ -530,12 +610,33 @@ class Client:
         """The server's samplerd.v1.GetServerInfoResponse (version, backend, devices, limits)."""
         return self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
 
-    def close(self) -> None:
-        """Releases the host shm regions this client created and closes the channel."""
+    def _cached_server_info(self) -> Any:
+        if self._info is None:
+            self._info = self.server_info()
+        return self._info
+
+    @property
+    def cuda_regions(self) -> List[str]:
+        """Names of the GPU IPC regions registered for CUDA tensors (least recent first)."""
+        return self._cuda.region_names
+
+    def release_cuda_regions(self) -> None:
+        """Unregisters the GPU IPC regions of CUDA tensors; later calls register anew. Call it
+        after ``torch.cuda.empty_cache()``, so that the server does not keep freed segments."""
+        self._cuda.close()
+
+    def _release_regions(self) -> None:
         with self._lock:
             regions = list(self._shm.values())
         for region in regions:
             region.close()
+        self._cuda.close()
+
+    def close(self) -> None:
+        """Releases the regions this client registered (host shm objects are unlinked, GPU IPC
+        regions unregistered) and closes the channel."""
+        atexit.unregister(self._at_exit)
+        self._release_regions()
         self._channel.close()
 
     def __enter__(self) -> "Client":

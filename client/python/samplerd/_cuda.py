@@ -1,0 +1,259 @@
+"""GPU IPC for CUDA tensors: the logits stay on the GPU and the server reads them in place.
+
+A CUDA tensor passed to :meth:`samplerd.Client.sample` (or a stream step) is sent as a slice of a
+GPU IPC region instead of being copied to the host:
+
+- its storage is shared with ``untyped_storage()._share_cuda_()``: a CUDA IPC handle of the
+  caching allocator's segment, the storage's offset in it and its size;
+- each (handle, offset, size) is registered once as a region and cached (least recently used
+  regions beyond ``max_regions`` are unregistered). A decode loop that allocates its logits anew
+  each step usually gets the same block back from the allocator, so steady state costs no
+  registration;
+- an interprocess CUDA event, one per device and re-recorded each call on the tensor's current
+  stream, is sent as the request's ready event: the server's stream waits for the engine's
+  writes, and the engine never synchronizes;
+- ``_share_cuda_()`` increments PyTorch's reference counter of the block (while it is non-zero
+  PyTorch keeps the block out of reuse, even after the tensor is gone). The server's reads are
+  finished when its reply arrives (a reply without a done event comes after the sampling kernels
+  completed), so the counter is given back right after each call: blocks are reused normally and
+  nothing is pending at exit.
+
+Requirements: PyTorch's default caching allocator (with ``expandable_segments`` the handles are
+not CUDA IPC handles; the server refuses them with FAILED_PRECONDITION), the server on the same
+host and GPU (matched by UUID, else PCI bus id) and reached over its unix socket.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from .v1 import sampler_pb2 as pb
+
+#: Region names start with this and the process id, so ListRegions shows whose they are.
+REGION_PREFIX = "torch"
+
+
+class IpcUnavailable(Exception):
+    """GPU IPC cannot serve this tensor (a reason to fall back to a host copy)."""
+
+
+def is_cuda_tensor(x: Any) -> bool:
+    """True for a torch tensor on a CUDA device (without importing torch)."""
+    return type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False) is True
+
+
+def _dtype_enum(torch: Any, dtype: Any) -> int:
+    table = {
+        torch.float32: pb.DTYPE_FP32,
+        torch.float16: pb.DTYPE_FP16,
+        torch.bfloat16: pb.DTYPE_BF16,
+    }
+    if dtype not in table:
+        raise TypeError(f"expected float32, float16 or bfloat16 logits, got {dtype}")
+    return table[dtype]
+
+
+def _device_ids(torch: Any, index: int) -> Tuple[str, str]:
+    """(uuid, PCI bus id) of CUDA device ``index``, lower case, "" where PyTorch does not say."""
+    props = torch.cuda.get_device_properties(index)
+    uuid = str(getattr(props, "uuid", "") or "").lower()
+    if uuid.startswith("gpu-"):
+        uuid = uuid[4:]
+    bus = ""
+    if hasattr(props, "pci_bus_id") and hasattr(props, "pci_device_id"):
+        bus = "%04x:%02x:%02x.0" % (
+            getattr(props, "pci_domain_id", 0),
+            props.pci_bus_id,
+            props.pci_device_id,
+        )
+    return uuid, bus
+
+
+class SharedStorage:
+    """One ``_share_cuda_()`` of a storage. :meth:`release` gives PyTorch's counter back."""
+
+    def __init__(self, torch: Any, tensor: Any) -> None:
+        fields = tensor.untyped_storage()._share_cuda_()
+        if len(fields) != 8:
+            raise IpcUnavailable(
+                f"expected 8 fields from _share_cuda_() (PyTorch 2.x), got {len(fields)}"
+            )
+        self._torch = torch
+        self.handle = bytes(fields[1])  # version byte, 'c' or 'e', then the handle
+        self.storage_bytes = int(fields[2])
+        self.offset_in_segment = int(fields[3])
+        self._counter = (fields[4], int(fields[5]))
+        self._released = False
+
+    @property
+    def form(self) -> bytes:
+        return self.handle[1:2]
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        name, index = self._counter
+        storage = self._torch.UntypedStorage
+        release = getattr(storage, "_release_ipc_counter_cuda", None)
+        if release is not None:
+            release(name, index)
+        else:  # the older spelling
+            storage._release_ipc_counter(name, index, device="cuda")
+
+
+class Lease:
+    """What one call holds until its reply: the shared storage and the tensor it read."""
+
+    def __init__(self, shared: SharedStorage, tensor: Any) -> None:
+        self._shared: Optional[SharedStorage] = shared
+        self._tensor: Any = tensor  # a contiguous copy must live until the server read it
+
+    def release(self) -> None:
+        if self._shared is not None:
+            self._shared.release()
+        self._shared = None
+        self._tensor = None
+
+
+class CudaIpc:
+    """A client's GPU IPC regions for CUDA tensors (see the module docstring). Thread-safe.
+
+    ``call(method, request)`` sends one unary RPC and raises the client's SamplerError;
+    ``server_info()`` returns the server's GetServerInfoResponse.
+    """
+
+    def __init__(
+        self, call: Callable[[Any, Any], Any], stub: Any, server_info: Callable[[], Any],
+        max_regions: int = 16,
+    ) -> None:
+        self._call = call
+        self._stub = stub
+        self._server_info = server_info
+        self.max_regions = max_regions
+        self._regions: "OrderedDict[Tuple[int, bytes, int, int], str]" = OrderedDict()
+        self._server_device: Dict[int, str] = {}  # torch index -> the server's device id
+        self._events: Dict[int, Tuple[Any, bytes]] = {}  # torch index -> (event, its handle)
+        self._serial = 0
+        self._lock = threading.Lock()
+
+    @property
+    def region_names(self) -> list:
+        with self._lock:
+            return list(self._regions.values())
+
+    def _match_device(self, torch: Any, index: int) -> str:
+        """The server's id of CUDA device ``index`` (its UUID or bus id), else IpcUnavailable."""
+        if index in self._server_device:
+            return self._server_device[index]
+        info = self._server_info()
+        if info.backend != pb.BACKEND_GPU:
+            raise IpcUnavailable("the server samples on the CPU (backend is not GPU)")
+        uuid, bus = _device_ids(torch, index)
+        for d in info.devices:
+            their_uuid = d.uuid.lower()
+            their_uuid = their_uuid[4:] if their_uuid.startswith("gpu-") else their_uuid
+            if (uuid and uuid == their_uuid) or (bus and bus == d.pci_bus_id.lower()):
+                if not d.ipc_memory:
+                    raise IpcUnavailable(f"the server's device {d.pci_bus_id} has no IPC memory")
+                self._server_device[index] = d.pci_bus_id or d.uuid
+                return self._server_device[index]
+        served = ", ".join(f"{d.pci_bus_id} ({d.uuid})" for d in info.devices) or "none"
+        raise IpcUnavailable(
+            f"expected the server on this tensor's GPU (cuda:{index}, uuid {uuid or '?'}, bus "
+            f"{bus or '?'}), got the server's devices: {served}"
+        )
+
+    def _ready_event(self, torch: Any, tensor: Any) -> bytes:
+        """Records this device's interprocess event on the tensor's current stream."""
+        index = tensor.device.index
+        entry = self._events.get(index)
+        if entry is None:
+            event = torch.cuda.Event(interprocess=True)
+            event.record(torch.cuda.current_stream(tensor.device))
+            entry = (event, bytes(event.ipc_handle()))
+            self._events[index] = entry
+        else:
+            entry[0].record(torch.cuda.current_stream(tensor.device))
+        return entry[1]
+
+    def prepare(self, logits: Any) -> Tuple[Any, bytes, Lease]:
+        """(samplerd.v1.Tensor naming a region slice, ready event handle, Lease) for ``logits``.
+
+        Raises IpcUnavailable when GPU IPC cannot serve it, TypeError/ValueError for bad logits,
+        and the client's SamplerError when registering fails for another reason.
+        """
+        import torch  # lazily: only CUDA tensors get here
+
+        t = logits.detach()
+        if t.dim() == 1:
+            t = t.unsqueeze(0)
+        if t.dim() != 2:
+            raise ValueError(f"expected logits of shape [B, V], got {tuple(t.shape)}")
+        dtype = _dtype_enum(torch, t.dtype)
+        if not t.is_contiguous():
+            t = t.contiguous()
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        with self._lock:
+            device = self._match_device(torch, index)
+            shared = SharedStorage(torch, t)
+            lease = Lease(shared, t)
+            try:
+                if shared.form != b"c":
+                    raise IpcUnavailable(
+                        "PyTorch shares this tensor without a CUDA IPC handle (form %r: "
+                        "expandable_segments is on); set PYTORCH_CUDA_ALLOC_CONF="
+                        "expandable_segments:False to use GPU IPC" % shared.form
+                    )
+                name = self._region_for(index, device, shared)
+                ready = self._ready_event(torch, t)
+            except BaseException:
+                lease.release()
+                raise
+        tensor = pb.Tensor(
+            dtype=dtype,
+            shape=[int(t.shape[0]), int(t.shape[1])],
+            region=pb.RegionSlice(region=name, offset=t.storage_offset() * t.element_size()),
+        )
+        return tensor, ready, lease
+
+    def _region_for(self, index: int, device: str, shared: SharedStorage) -> str:
+        key = (index, shared.handle, shared.offset_in_segment, shared.storage_bytes)
+        name = self._regions.get(key)
+        if name is not None:
+            self._regions.move_to_end(key)
+            return name
+        while len(self._regions) >= self.max_regions:
+            _, old = self._regions.popitem(last=False)
+            self._unregister(old)
+        self._serial += 1
+        name = f"{REGION_PREFIX}-{os.getpid()}-{self._serial}"
+        request = pb.RegisterRegionRequest(
+            name=name,
+            gpu_ipc=pb.GpuIpcRegion(
+                memory_handle=shared.handle,
+                offset=shared.offset_in_segment,
+                byte_size=shared.storage_bytes,
+                device=device,
+            ),
+        )
+        self._call(self._stub.RegisterRegion, request)
+        self._regions[key] = name
+        return name
+
+    def _unregister(self, name: str) -> None:
+        try:
+            self._call(self._stub.UnregisterRegion, pb.UnregisterRegionRequest(name=name))
+        except Exception:  # noqa: BLE001 - the server may be gone; nothing else to do
+            pass
+
+    def close(self) -> None:
+        """Unregisters every region this client registered for CUDA tensors."""
+        with self._lock:
+            names = list(self._regions.values())
+            self._regions.clear()
+        for name in names:
+            self._unregister(name)

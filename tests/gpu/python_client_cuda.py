@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""The Python client with CUDA tensors (GPU IPC), against a GPU server and a CPU server.
+
+Every token is checked against the CPU server sampling the same logits inline. Checks: fp32 and
+bf16 tensors, a non-contiguous tensor, regions cached per allocation across fresh tensors, the
+ready event ordering the read (no synchronize by the caller), stream steps, PyTorch's IPC counter
+given back after each call, "never" / "auto" / "always" against a CPU server, close() leaving no
+region behind, and the fallback under expandable segments (in a child process).
+
+    python3 python_client_cuda.py --gpu unix:///tmp/g.sock --cpu unix:///tmp/c.sock --py DIR
+
+DIR holds the `samplerd` package with its generated stubs (prepare_carry.sh puts it in ./py).
+"""
+
+import argparse
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import torch
+
+FAILURES = []
+VOCAB = 151936
+PARAMS = dict(temperature=0.9, top_k=50, top_p=0.9)
+
+
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what, flush=True)
+    if not ok:
+        FAILURES.append(what)
+    return ok
+
+
+def seeds(batch):
+    return [1000 + 17 * r for r in range(batch)]
+
+
+def cpu_tokens(cpu, logits, **params):
+    """What the CPU server samples from the same logits (inline; numpy or a host tensor)."""
+    host = logits.detach().to("cpu")
+    return cpu.sample(host, seed=seeds(host.shape[0]), **params).tokens.tolist()
+
+
+def ipc_counter(tensor):
+    """PyTorch's IPC reference count of the tensor's block, other than the one this call takes."""
+    fields = tensor.untyped_storage()._share_cuda_()
+    name, index = fields[4], int(fields[5])
+    name = name.decode() if isinstance(name, bytes) else name
+    with open("/dev/shm/" + name.lstrip("/"), "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        value = struct.unpack_from("<q", mm, 64 + 8 * index)[0]
+        mm.close()
+    release = getattr(torch.UntypedStorage, "_release_ipc_counter_cuda", None)
+    release(fields[4], index)
+    return value - 1
+
+
+def server_regions(client):
+    return [r.name for r in client.list_regions() if r.name.startswith("torch-%d-" % os.getpid())]
+
+
+def run(args, samplerd):
+    dev = torch.device("cuda", 0)
+    gpu = samplerd.Client(args.gpu, timeout=60)
+    cpu = samplerd.Client(args.cpu, timeout=60)
+    gen = torch.Generator(device=dev).manual_seed(7)
+    batch = args.batch
+
+    # 1. fp32 and bf16 tensors, sent by GPU IPC (a region appears), tokens == CPU.
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(batch, VOCAB, device=dev, generator=gen) * 3).to(dtype)
+        got = gpu.sample(logits, seed=seeds(batch), **PARAMS).tokens.tolist()
+        check(got == cpu_tokens(cpu, logits, **PARAMS), "%s: GPU IPC tokens == CPU tokens" % dtype)
+    check(len(gpu.cuda_regions) >= 1 and gpu.cuda_ipc_off_reason is None,
+          "the CUDA tensors went by GPU IPC (%d regions, off reason %r)"
+          % (len(gpu.cuda_regions), gpu.cuda_ipc_off_reason))
+
+    # 2. A non-contiguous tensor (the last position of [B, T, V]).
+    seq = torch.randn(batch, 3, VOCAB, device=dev, generator=gen) * 2
+    last = seq[:, -1, :]
+    got = gpu.sample(last, seed=seeds(batch), **PARAMS).tokens.tolist()
+    check(not last.is_contiguous() and got == cpu_tokens(cpu, last, **PARAMS),
+          "a non-contiguous tensor: tokens == CPU tokens")
+
+    # 3. A decode loop that allocates its logits anew each step: the regions stay few.
+    gpu.release_cuda_regions()
+    ok = True
+    for step in range(24):
+        logits = torch.randn(batch, VOCAB, device=dev, generator=gen) * 3
+        got = gpu.sample(logits, seed=seeds(batch), position=step, **PARAMS).tokens.tolist()
+        if step % 6 == 0:
+            ok &= got == cpu_tokens(cpu, logits, position=step, **PARAMS)
+    regions = len(gpu.cuda_regions)
+    check(ok, "fresh tensors each step: tokens == CPU tokens")
+    check(1 <= regions <= 3, "24 fresh tensors of one shape use %d region(s) (expected 1..3)" % regions)
+    check(sorted(server_regions(gpu)) == sorted(gpu.cuda_regions),
+          "the server lists exactly the client's regions")
+    check(ipc_counter(logits) == 0, "PyTorch's IPC counter of the block is back to 0 after the call")
+
+    # 4. The ready event orders the read: decoy in place, real logits written behind a GPU sleep
+    # on the current stream, and no synchronize before sample().
+    real = torch.randn(batch, VOCAB, device=dev, generator=gen) * 3
+    want = cpu_tokens(cpu, real, **PARAMS)
+    target = torch.full((batch, VOCAB), -50.0, device=dev)
+    target[:, 11] = 50.0
+    torch.cuda.synchronize(dev)
+    torch.cuda._sleep(50_000_000)
+    target.copy_(real)
+    got = gpu.sample(target, seed=seeds(batch), **PARAMS).tokens.tolist()
+    check(got == want, "the ready event orders the read (no synchronize by the caller)")
+
+    # 5. Stream steps with CUDA tensors.
+    with gpu.stream() as s:
+        ok = True
+        for step in range(4):
+            logits = torch.randn(batch, VOCAB, device=dev, generator=gen)
+            got = s.step(logits, seed=seeds(batch), position=step, **PARAMS).tokens.tolist()
+            ok &= got == cpu_tokens(cpu, logits, position=step, **PARAMS)
+    check(ok, "stream steps with CUDA tensors: tokens == CPU tokens")
+
+    # 6. cuda_ipc="never" copies; a CPU server makes "auto" fall back (one warning) and "always"
+    # raise FAILED_PRECONDITION.
+    logits = torch.randn(batch, VOCAB, device=dev, generator=gen)
+    want = cpu_tokens(cpu, logits, **PARAMS)
+    with samplerd.Client(args.gpu, cuda_ipc="never") as never:
+        got = never.sample(logits, seed=seeds(batch), **PARAMS).tokens.tolist()
+        check(got == want and not never.cuda_regions, "cuda_ipc='never': inline, same tokens")
+    with samplerd.Client(args.cpu) as auto, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = auto.sample(logits, seed=seeds(batch), **PARAMS).tokens.tolist()
+        got2 = auto.sample(logits, seed=seeds(batch), **PARAMS).tokens.tolist()
+        check(got == want and got2 == want and len(caught) == 1
+              and "CPU" in str(caught[0].message),
+              "cuda_ipc='auto' with a CPU server: one warning (%s), same tokens"
+              % [str(w.message) for w in caught])
+    with samplerd.Client(args.cpu, cuda_ipc="always") as always:
+        try:
+            always.sample(logits, seed=seeds(batch), **PARAMS)
+            check(False, "cuda_ipc='always' with a CPU server raises")
+        except samplerd.SamplerError as e:
+            check(e.code.name == "FAILED_PRECONDITION", "cuda_ipc='always' with a CPU server: %s" % e)
+
+    # 7. close() unregisters everything.
+    names = gpu.cuda_regions
+    gpu.close()
+    with samplerd.Client(args.gpu) as probe:
+        left = [r.name for r in probe.list_regions() if r.name in names]
+    check(names and not left, "close() unregistered the client's %d region(s) %s" % (len(names), left))
+    cpu.close()
+
+
+def expandable_child(args, samplerd):
+    """Under expandable segments: "auto" falls back to inline with a warning saying why."""
+    dev = torch.device("cuda", 0)
+    logits = torch.randn(4, VOCAB, device=dev) * 3
+    with samplerd.Client(args.gpu) as gpu, samplerd.Client(args.cpu) as cpu, \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = gpu.sample(logits, seed=seeds(4), **PARAMS).tokens.tolist()
+        want = cpu_tokens(cpu, logits, **PARAMS)
+        print("warnings: %s" % [str(w.message) for w in caught])
+        if gpu.cuda_ipc_off_reason is None:
+            print("this PyTorch shares CUDA IPC handles under expandable segments: nothing to check")
+            return 3
+        return 0 if got == want and "expandable" in gpu.cuda_ipc_off_reason else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", required=True)
+    ap.add_argument("--cpu", required=True)
+    ap.add_argument("--py", required=True, help="folder holding the samplerd package")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--expandable-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sys.path.insert(0, args.py)
+    import samplerd
+
+    if args.expandable_child:
+        return expandable_child(args, samplerd)
+    run(args, samplerd)
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    child = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu", args.gpu, "--cpu",
+                            args.cpu, "--py", args.py, "--expandable-child"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    sys.stdout.write("".join("    | %s\n" % line for line in (child.stdout + child.stderr).splitlines()))
+    if child.returncode == 3:
+        print("note: no fallback to check under expandable segments")
+    else:
+        check(child.returncode == 0, "expandable segments: 'auto' falls back inline, same tokens")
+    if FAILURES:
+        print("%d check(s) failed" % len(FAILURES))
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    np.set_printoptions(threshold=20)
+    sys.exit(main())
