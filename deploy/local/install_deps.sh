@@ -15,7 +15,7 @@ readonly APT_PACKAGES=(
   g++ cmake ninja-build pkg-config ca-certificates perl shellcheck
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3-grpcio python3-protobuf python3-numpy
+  python3-grpcio python3-protobuf python3-numpy python3-pip python3-setuptools python3-wheel
 )
 # buf's npm package ships a static binary; pinned so that lint results do not drift.
 readonly BUF_NPM_PACKAGE="@bufbuild/buf@1.75.0"

@@ -196,5 +196,38 @@ class ClientTest(unittest.TestCase):
         self.assertNotIn("pytest-shm", [r.name for r in self.client.list_regions()])
 
 
+class PackagingTest(unittest.TestCase):
+    """`pip install client/python` gives a working package, stubs included."""
+
+    def test_pip_install_then_sample(self):
+        import importlib.util
+
+        if not all(importlib.util.find_spec(m) for m in ("pip", "setuptools", "wheel")):
+            self.skipTest("needs python3-pip, python3-setuptools and python3-wheel")
+        target = tempfile.mkdtemp(prefix="samplerd-pip.")
+        try:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "--root-user-action=ignore", "--no-build-isolation",
+                 "--no-deps", "--no-index", "--target", target, os.path.join(ROOT, "client", "python")],
+                check=True, capture_output=True, timeout=120,
+                # Debian 12's setuptools with its patched distutils needs the stdlib one.
+                env=dict(os.environ, SETUPTOOLS_USE_DISTUTILS="stdlib"),
+            )
+            program = (
+                "import numpy as np, samplerd, sys\n"
+                "assert samplerd.__file__.startswith(sys.argv[1]), samplerd.__file__\n"
+                "logits = np.zeros((2, 5), np.float32); logits[0, 3] = logits[1, 1] = 9\n"
+                "print(samplerd.Client(sys.argv[2]).sample(logits, temperature=0).tokens.tolist())\n"
+            )
+            env = dict(os.environ, PYTHONPATH=target)  # not client/python: the installed copy
+            out = subprocess.run([sys.executable, "-c", program, target, TARGET], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(out.stdout.strip(), "[3, 1]")
+            self.assertTrue(os.path.exists(os.path.join(target, "samplerd", "v1", "sampler_pb2.pyi")))
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+
 if __name__ == "__main__":
     unittest.main()
