@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing samplerd needs, and only what is missing:
 #   - Debian 12 packages: compiler, CMake, Ninja, gRPC/protobuf/Abseil, GoogleTest, benchmark,
-#     Python's grpcio/protobuf/numpy (the Python client and its tests);
+#     Python's grpcio/protobuf/numpy/pip (the Python client, its tests and packaging), Go 1.19
+#     with grpc-go and protobuf (the Go client; protobuf 1-5 named, or apt picks 1-3);
 #   - buf (proto lint, `buf curl`), from npm into the project-local, git-ignored .tools/.
 # Idempotent and quiet: a machine that has everything costs a few dpkg-query calls. Runs as root
 # (as on CI), or through sudo when available. SAMPLERD_SKIP_DEPS=1 skips it all (e.g. on a
@@ -16,6 +17,8 @@ readonly APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3-grpcio python3-protobuf python3-numpy python3-pip python3-setuptools python3-wheel
+  golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc
+  golang-github-golang-protobuf-1-5-dev
 )
 # buf's npm package ships a static binary; pinned so that lint results do not drift.
 readonly BUF_NPM_PACKAGE="@bufbuild/buf@1.75.0"

@@ -15,7 +15,7 @@ cd "${SAMPLERD_ROOT}" || exit 1
 # Steps run in this order. Each is a function step_NAME that returns non-zero on failure.
 # To add one (GPU compile checks, Python and Go client tests, ...): write step_NAME, add NAME
 # here, and list what it needs in install_deps.sh.
-readonly ALL_STEPS=(deps build ctest buf-lint buf-format shell-lint e2e python-client
+readonly ALL_STEPS=(deps build ctest buf-lint buf-format shell-lint e2e python-client go-client
   gpu_compile_checks cpp-install)
 
 step_deps() { deploy/local/install_deps.sh && echo "dependencies: all present"; }
@@ -59,6 +59,13 @@ step_python-client() {
   client/python/generate.sh &&
     SAMPLERD_BIN="${SAMPLERD_BIN}" timeout 120 /usr/bin/python3 -m unittest discover \
       -s tests/python -t tests/python -v
+}
+
+# The Go client (client/go): generates its code (git-ignored), vets, builds the example and runs
+# `go test` offline (Debian's Go packages) against the real server.
+step_go-client() {
+  needs_build || return
+  SAMPLERD_BIN="${SAMPLERD_BIN}" timeout 600 client/go/test.sh
 }
 
 # Returns 0 when the build is there to test, else SKIP after a failed build step, else 1.

@@ -1,0 +1,143 @@
+package samplerd_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	samplerd "samplerd.dev/client/go"
+)
+
+// regionSize returns the byte size the server lists for region name, or -1 when it lists none.
+func regionSize(t *testing.T, client *samplerd.Client, name string) int64 {
+	t.Helper()
+	regions, err := client.ListRegions(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regions {
+		if r.Name == name {
+			return int64(r.ByteSize)
+		}
+	}
+	return -1
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func TestHostShmRegionGivesTheTokensOfInlineLogits(t *testing.T) {
+	client, ctx := dial(t), testContext(t)
+	const batch, vocab = 6, 400
+	// Too small on purpose: the first Sample grows it (and registers it again).
+	region, err := client.NewHostShmRegion(ctx, "go-shm", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := "/dev/shm" + region.Key()
+	if !exists(path) || regionSize(t, client, "go-shm") != 64 {
+		t.Fatalf("after NewHostShmRegion: %s exists %v, listed size %d; want a 64-byte region",
+			path, exists(path), regionSize(t, client, "go-shm"))
+	}
+	for step := uint64(0); step < 3; step++ {
+		logits := randomLogits(int64(40+step), batch, vocab)
+		opts := []samplerd.SampleOption{samplerd.TopP(0.9), samplerd.Seed(99), samplerd.Position(step)}
+		inline, err := client.Sample(ctx, logits, batch, vocab, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shm, err := region.Sample(ctx, logits, batch, vocab, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalTokens(t, fmt.Sprintf("step %d", step), shm.Tokens, inline.Tokens)
+	}
+	if region.Size() < 4*batch*vocab || regionSize(t, client, "go-shm") != int64(region.Size()) {
+		t.Errorf("after growing: Size %d, listed %d; want >= %d and equal", region.Size(),
+			regionSize(t, client, "go-shm"), 4*batch*vocab)
+	}
+
+	// Written in place, sampled at an offset: rows 2.. of the region.
+	logits := randomLogits(43, batch, vocab)
+	copy(region.Float32s(), logits)
+	part, err := client.SampleTensor(ctx, region.Tensor(samplerd.FP32, batch-2, vocab, 2*4*vocab), samplerd.Temperature(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalTokens(t, "offset", part.Tokens, argmax(logits, batch, vocab)[2:])
+
+	// A session step by reference.
+	s := openSession(t, client)
+	tensor, err := region.WriteFP32(ctx, logits[:vocab], 1, vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step, err := s.SampleTensor(tensor, samplerd.Temperature(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalTokens(t, "session", step.Tokens, argmax(logits, 1, vocab))
+
+	if err := region.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if exists(path) || regionSize(t, client, "go-shm") != -1 {
+		t.Errorf("after Close: %s exists %v, listed size %d; want neither", path, exists(path), regionSize(t, client, "go-shm"))
+	}
+	_, err = client.SampleTensor(ctx, region.Tensor(samplerd.FP32, 1, vocab, 0))
+	wantError(t, err, codes.NotFound,
+		`logits.region: expected a registered region, got "go-shm", which is not (ListRegions lists them)`)
+	_, err = region.Sample(ctx, logits, batch, vocab)
+	wantError(t, err, codes.FailedPrecondition, "expected an open region, got a closed one")
+	if err := region.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestHostShmRegionNameTakenIsAlreadyExists(t *testing.T) {
+	client, ctx := dial(t), testContext(t)
+	first, err := client.NewHostShmRegion(ctx, "go-dup", 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	_, err = client.NewHostShmRegion(ctx, "go-dup", 1024)
+	wantError(t, err, codes.AlreadyExists,
+		`expected a new region name, got "go-dup", which is registered already`)
+	objects, _ := filepath.Glob(fmt.Sprintf("/dev/shm/samplerd-go-dup-%d-*", os.Getpid()))
+	if len(objects) != 1 {
+		t.Errorf("shm objects %v, want only the first region's", objects)
+	}
+}
+
+func TestHostShmRegionBadNameIsRefusedBeforeCreatingAnything(t *testing.T) {
+	client, ctx := dial(t), testContext(t)
+	_, err := client.NewHostShmRegion(ctx, "../etc", 1024)
+	wantError(t, err, codes.InvalidArgument,
+		`expected a region name of 1 to 128 characters [A-Za-z0-9._-], got "../etc"`)
+}
+
+func TestClientCloseReleasesItsRegions(t *testing.T) {
+	observer := dial(t)
+	client, err := samplerd.Dial(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := client.NewHostShmRegion(context.Background(), "go-close", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if exists("/dev/shm"+region.Key()) || regionSize(t, observer, "go-close") != -1 {
+		t.Errorf("after Client.Close: object exists %v, listed size %d; want neither",
+			exists("/dev/shm"+region.Key()), regionSize(t, observer, "go-close"))
+	}
+}
