@@ -25,7 +25,8 @@ done
 # google.golang.org/protobuf; clients built with it panic at their first call.
 grep -q "google.golang.org/protobuf" "${GOCODE}/github.com/golang/protobuf/go.mod" 2>/dev/null ||
   fail "github.com/golang/protobuf in ${GOCODE} is not 1.5; install with: ${APT}"
-export SAMPLERD_BIN="${SAMPLERD_BIN:-${ROOT}/build/default/service/samplerd}"
+SAMPLERD_BIN="$(realpath -m "${SAMPLERD_BIN:-${ROOT}/build/default/service/samplerd}")"  # go test runs in package dirs
+export SAMPLERD_BIN
 [[ -x "${SAMPLERD_BIN}" ]] || fail "no server binary ${SAMPLERD_BIN} (build it, or set SAMPLERD_BIN)"
 export GO_BUILD_DIR="${BUILD}"
 
