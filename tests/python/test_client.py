@@ -11,56 +11,28 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import grpc
+import numpy as np
 
-import grpc  # noqa: E402
-import numpy as np  # noqa: E402
+from server import ROOT, Server  # first: puts client/python on sys.path
 
 import samplerd  # noqa: E402
 
-BIN = os.environ.get("SAMPLERD_BIN", os.path.join(ROOT, "build", "default", "service", "samplerd"))
 _server = None
-_tmp = None
 TARGET = ""
 
 
 def setUpModule():
-    global _server, _tmp, TARGET
-    _tmp = tempfile.mkdtemp(prefix="samplerd-py.")
-    sock = os.path.join(_tmp, "s.sock")
-    TARGET = "unix://" + sock
-    with open(os.path.join(_tmp, "server.log"), "wb") as log:
-        _server = subprocess.Popen(
-            [BIN, "--listen=" + TARGET, "--backend=cpu", "--threads=2"], stdout=log, stderr=log
-        )
-    deadline = time.time() + 30
-    client = samplerd.Client(TARGET, timeout=2)
-    while True:
-        try:
-            client.server_info()
-            break
-        except samplerd.SamplerError:
-            if _server.poll() is not None or time.time() > deadline:
-                with open(os.path.join(_tmp, "server.log")) as f:
-                    raise RuntimeError("samplerd did not start:\n" + f.read()[-4000:])
-            time.sleep(0.05)
-    client.close()
+    global _server, TARGET
+    _server = Server().start()
+    TARGET = _server.target
 
 
 def tearDownModule():
     if _server is not None:
-        _server.terminate()
-        try:
-            _server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            _server.kill()
-            _server.wait()
-    if _tmp:
-        shutil.rmtree(_tmp, ignore_errors=True)
+        _server.stop()
 
 
 def random_logits(batch, vocab, seed=0, dtype=np.float32):
