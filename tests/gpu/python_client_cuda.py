@@ -86,32 +86,53 @@ def run(args, samplerd):
     check(not last.is_contiguous() and got == cpu_tokens(cpu, last, **PARAMS),
           "a non-contiguous tensor: tokens == CPU tokens")
 
-    # 3. A decode loop that allocates its logits anew each step: the regions stay few.
+    # 3. A decode loop that allocates its logits anew each step: the regions reach a steady state
+    # (the caching allocator hands the same few blocks back), they do not grow with the steps.
     gpu.release_cuda_regions()
-    ok = True
-    for step in range(24):
-        logits = torch.randn(batch, VOCAB, device=dev, generator=gen) * 3
-        got = gpu.sample(logits, seed=seeds(batch), position=step, **PARAMS).tokens.tolist()
-        if step % 6 == 0:
-            ok &= got == cpu_tokens(cpu, logits, position=step, **PARAMS)
-    regions = len(gpu.cuda_regions)
-    check(ok, "fresh tensors each step: tokens == CPU tokens")
-    check(1 <= regions <= 3, "24 fresh tensors of one shape use %d region(s) (expected 1..3)" % regions)
+
+    def decode(steps):
+        ok = True
+        for step in range(steps):
+            logits = torch.randn(batch, VOCAB, device=dev, generator=gen) * 3
+            got = gpu.sample(logits, seed=seeds(batch), position=step, **PARAMS).tokens.tolist()
+            if step % 6 == 0:
+                ok &= got == cpu_tokens(cpu, logits, position=step, **PARAMS)
+        return ok, logits
+
+    ok, _ = decode(24)
+    first = len(gpu.cuda_regions)
+    ok2, logits = decode(48)
+    second = len(gpu.cuda_regions)
+    check(ok and ok2, "fresh tensors each step: tokens == CPU tokens")
+    check(1 <= first <= 8 and first <= second <= 8,
+          "72 fresh tensors of one shape: %d region(s) after 24 steps, %d after 48 more (bounded)"
+          % (first, second))
     check(sorted(server_regions(gpu)) == sorted(gpu.cuda_regions),
           "the server lists exactly the client's regions")
     check(ipc_counter(logits) == 0, "PyTorch's IPC counter of the block is back to 0 after the call")
 
-    # 4. The ready event orders the read: decoy in place, real logits written behind a GPU sleep
-    # on the current stream, and no synchronize before sample().
+    # 4. The read is ordered after the engine's writes: decoy in place, real logits written
+    # behind a GPU sleep on the current stream, and no synchronize before sample(); both ways.
     real = torch.randn(batch, VOCAB, device=dev, generator=gen) * 3
     want = cpu_tokens(cpu, real, **PARAMS)
-    target = torch.full((batch, VOCAB), -50.0, device=dev)
-    target[:, 11] = 50.0
-    torch.cuda.synchronize(dev)
-    torch.cuda._sleep(50_000_000)
-    target.copy_(real)
-    got = gpu.sample(target, seed=seeds(batch), **PARAMS).tokens.tolist()
-    check(got == want, "the ready event orders the read (no synchronize by the caller)")
+    for mode in ("sync", "event"):
+        with samplerd.Client(args.gpu, cuda_ready=mode, cuda_ipc="always") as c:
+            target = torch.full((batch, VOCAB), -50.0, device=dev)
+            target[:, 11] = 50.0
+            torch.cuda.synchronize(dev)
+            torch.cuda._sleep(50_000_000)
+            target.copy_(real)
+            got = c.sample(target, seed=seeds(batch), **PARAMS).tokens.tolist()
+            check(got == want, "cuda_ready=%r orders the read (no synchronize by the caller)" % mode)
+
+    # 4b. Two clients of one process, both with CUDA tensors (region names must not collide).
+    with samplerd.Client(args.gpu, cuda_ipc="always") as other:
+        logits = torch.randn(batch, VOCAB, device=dev, generator=gen)
+        got = other.sample(logits, seed=seeds(batch), **PARAMS).tokens.tolist()
+        got2 = gpu.sample(logits, seed=seeds(batch), **PARAMS).tokens.tolist()
+        want = cpu_tokens(cpu, logits, **PARAMS)
+        check(got == want and got2 == want and not set(other.cuda_regions) & set(gpu.cuda_regions),
+              "two clients in one process: distinct regions, tokens == CPU tokens")
 
     # 5. Stream steps with CUDA tensors.
     with gpu.stream() as s:

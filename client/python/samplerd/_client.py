@@ -157,29 +157,33 @@ def _params(
     seed: Optional[PerRow],
     position: PerRow,
 ) -> List[Any]:
-    """One SamplingParams for every row when all are scalars, else B of them."""
-    given = dict(
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, position=position
+    """One SamplingParams for every row when all are scalars, else B of them (built column-wise:
+    a decode loop with per-row seeds pays this every step)."""
+    given = (
+        ("temperature", temperature, float),
+        ("top_k", top_k, int),
+        ("top_p", top_p, float),
+        ("min_p", min_p, float),
+        ("position", position, int),
+        ("seed", seed, int),
     )
-    rows = {k: _per_row(k, v, batch) for k, v in given.items()}
-    n = 1 if all(v is None for v in rows.values()) else batch
-    out = []
-    for i in range(n):
-        def get(k: str) -> Any:
-            return given[k] if rows[k] is None else rows[k][i]
-
-        p = pb.SamplingParams(
-            temperature=float(get("temperature")),
-            top_k=int(get("top_k")),
-            top_p=float(get("top_p")),
-            min_p=float(get("min_p")),
-            position=int(get("position")),
-        )
-        s = get("seed")
-        if s is not None:
-            p.seed = int(s)
-        out.append(p)
-    return out
+    rows = [_per_row(name, value, batch) for name, value, _ in given]
+    if all(r is None for r in rows):
+        kw = {name: cast(value) for name, value, cast in given if value is not None}
+        return [pb.SamplingParams(**kw)]
+    columns = [
+        [None] * batch if value is None and r is None
+        else [cast(value)] * batch if r is None
+        else [cast(v) for v in r]
+        for (_, value, cast), r in zip(given, rows)
+    ]
+    make = pb.SamplingParams
+    return [
+        make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos)
+        if s is None
+        else make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos, seed=s)
+        for t, k, p, m, pos, s in zip(*columns)
+    ]
 
 
 def _logprob_options(logprobs: Union[None, int, Tuple[int, str]]) -> Optional[Any]:
@@ -318,6 +322,10 @@ class Client:
     samples on the same GPU and accepts it, else (with one warning saying why) copied to the
     host and sent inline; "always" raises instead of falling back; "never" always copies.
     ``max_cuda_regions`` bounds the GPU IPC regions kept registered (least recently used go).
+    ``cuda_ready`` orders the server's read after the engine's writes: "event" (default) sends an
+    IPC event recorded on the tensor's current stream, which the server's stream waits for (the
+    call overlaps the engine's GPU work); "sync" synchronizes that stream before sending (see
+    samplerd/_cuda.py for the measured costs of each).
     """
 
     _CUDA_IPC_MODES = ("auto", "always", "never")
@@ -337,6 +345,7 @@ class Client:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         cuda_ipc: str = "auto",
         max_cuda_regions: int = 16,
+        cuda_ready: str = "event",
     ) -> None:
         if cuda_ipc not in self._CUDA_IPC_MODES:
             raise ValueError(f"cuda_ipc: expected one of {self._CUDA_IPC_MODES}, got {cuda_ipc!r}")
@@ -356,7 +365,9 @@ class Client:
         self._shm: Dict[str, HostShmRegion] = {}
         self._lock = threading.Lock()
         self._info: Any = None
-        self._cuda = CudaIpc(self._call, self._stub, self._cached_server_info, max_cuda_regions)
+        self._cuda = CudaIpc(
+            self._call, self._stub, self._cached_server_info, max_cuda_regions, cuda_ready
+        )
         #: Why CUDA tensors are copied to the host ("auto" mode after a refusal), else None.
         self.cuda_ipc_off_reason: Optional[str] = None
         # Regions are given back at interpreter exit when the client was not closed.
