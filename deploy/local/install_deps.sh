@@ -19,6 +19,7 @@ readonly APT_PACKAGES=(
   python3-grpcio python3-protobuf python3-numpy python3-pip python3-setuptools python3-wheel
   golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc
   golang-github-golang-protobuf-1-5-dev
+  python3-yaml
 )
 # buf's npm package ships a static binary; pinned so that lint results do not drift.
 readonly BUF_NPM_PACKAGE="@bufbuild/buf@1.75.0"

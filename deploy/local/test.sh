@@ -16,7 +16,7 @@ cd "${SAMPLERD_ROOT}" || exit 1
 # To add one (GPU compile checks, Python and Go client tests, ...): write step_NAME, add NAME
 # here, and list what it needs in install_deps.sh.
 readonly ALL_STEPS=(deps build ctest buf-lint buf-format shell-lint e2e python-client go-client
-  gpu_compile_checks cpp-install)
+  gpu_compile_checks cpp-install deploy)
 
 step_deps() { deploy/local/install_deps.sh && echo "dependencies: all present"; }
 
@@ -139,6 +139,14 @@ needs_build() {
 step_cpp-install() {
   needs_build || return
   tests/install/run.sh
+}
+
+# Container images and the Kubernetes sidecar (tests/deploy/check.sh): every overlay renders,
+# validates against Kubernetes schemas, keeps the sidecar invariants; Dockerfiles lint; the
+# images' health probe works against the real server. npm tools go into .tools/deploy-check.
+step_deploy() {
+  needs_build || return
+  SAMPLERD_BIN="${SAMPLERD_BIN}" tests/deploy/check.sh
 }
 
 main() {

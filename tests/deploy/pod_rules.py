@@ -1,0 +1,287 @@
+"""Pod rules: what must hold in each rendered overlay for samplerd to work beside the engine.
+
+Each rule takes a Pod (the rendered objects of one overlay) and raises Broken. pod_failures()
+runs them all; mutations.py proves that each can fail.
+"""
+
+import json
+import re
+
+from dockerfile_rules import dockerfile_user, read_dockerfiles
+from rules_common import Broken, expect, parse_flags
+
+# What each overlay must be: the DRA DeviceClass (None: no GPU claim at all), samplerd's
+# --backend, and the suffix of its image tag (which Dockerfile it was built from).
+OVERLAYS = {
+    "nvidia": {"device_class": "gpu.nvidia.com", "backend": "gpu", "image_suffix": "-cuda"},
+    "amd": {"device_class": "gpu.amd.com", "backend": "gpu", "image_suffix": "-rocm"},
+    "cpu": {"device_class": None, "backend": "cpu", "image_suffix": "-cpu"},
+}
+
+
+class Pod:
+    """The rendered objects of one overlay, with the parts the rules look at."""
+
+    def __init__(self, overlay, docs):
+        self.overlay = overlay
+        self.expected = OVERLAYS[overlay]
+        self.docs = docs
+        deployments = [d for d in docs if d.get("kind") == "Deployment"]
+        expect(len(deployments) == 1, f"expected 1 Deployment, got {len(deployments)}")
+        self.deployment = deployments[0]
+        self.template = self.deployment["spec"]["template"]
+        self.spec = self.template["spec"]
+        self.sidecar = self._container("initContainers", "samplerd")
+        self.engine = self._container("containers", "engine")
+        self.flags = parse_flags(self.sidecar.get("args", []))
+
+    def _container(self, field, name):
+        found = [c for c in self.spec.get(field) or [] if c.get("name") == name]
+        expect(len(found) == 1, f"expected one {field} entry named {name}, got {len(found)}")
+        return found[0]
+
+    def flag(self, name):
+        expect(name in self.flags, f"samplerd args lack --{name}=")
+        return self.flags[name]
+
+    def port_flag(self, name):
+        value = self.flag(name)
+        expect(value.isdigit() and 0 < int(value) < 65536,
+               f"expected --{name} a TCP port (not 0), got {value!r}")
+        return int(value)
+
+    def volume(self, name):
+        found = [v for v in self.spec.get("volumes") or [] if v.get("name") == name]
+        expect(len(found) == 1, f"expected one volume named {name}, got {len(found)}")
+        return found[0]
+
+    def claim_templates(self):
+        return [d for d in self.docs if d.get("kind") == "ResourceClaimTemplate"]
+
+
+def mount_of(container, path):
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") == path]
+    expect(len(mounts) == 1, f"expected container {container['name']} to mount {path}")
+    return mounts[0]
+
+
+def rule_native_sidecar(pod):
+    expect(pod.sidecar.get("restartPolicy") == "Always",
+           "expected samplerd's init container to have restartPolicy Always (native sidecar), "
+           f"got {pod.sidecar.get('restartPolicy')!r}")
+    names = [c.get("name") for c in pod.spec.get("containers") or []]
+    expect("samplerd" not in names, "samplerd must not also be a regular container")
+
+
+def rule_backend(pod):
+    backend = pod.flag("backend")
+    expect(backend == pod.expected["backend"],
+           f"expected --backend={pod.expected['backend']}, got {backend}")
+
+
+def rule_gpu_claim(pod):
+    claims = pod.spec.get("resourceClaims") or []
+    templates = pod.claim_templates()
+    if pod.expected["device_class"] is None:
+        expect(not claims and not templates,
+               "expected no resourceClaims and no ResourceClaimTemplate in the cpu overlay")
+        for c in (pod.sidecar, pod.engine):
+            expect(not (c.get("resources") or {}).get("claims"),
+                   f"expected no claims in container {c['name']} (cpu overlay)")
+        return
+    expect(len(claims) == 1, f"expected the pod to declare 1 resource claim, got {len(claims)}")
+    claim = claims[0]
+    template_names = [t["metadata"]["name"] for t in templates]
+    expect(claim.get("resourceClaimTemplateName") in template_names,
+           f"expected the pod's claim to use one of the rendered templates {template_names}, "
+           f"got {claim.get('resourceClaimTemplateName')!r}")
+    for c in (pod.sidecar, pod.engine):
+        refs = [r.get("name") for r in (c.get("resources") or {}).get("claims") or []]
+        expect(refs == [claim["name"]],
+               f"expected container {c['name']} to use claim {claim['name']!r}, got {refs}")
+
+
+def rule_device_class(pod):
+    if pod.expected["device_class"] is None:
+        return
+    for template in pod.claim_templates():
+        expect(template.get("apiVersion") == "resource.k8s.io/v1",
+               f"expected resource.k8s.io/v1, got {template.get('apiVersion')}")
+        requests = template["spec"]["spec"]["devices"]["requests"]
+        expect(len(requests) == 1, f"expected 1 device request, got {len(requests)}")
+        exactly = requests[0].get("exactly") or {}
+        expect(exactly.get("deviceClassName") == pod.expected["device_class"],
+               f"expected deviceClassName {pod.expected['device_class']}, "
+               f"got {exactly.get('deviceClassName')!r}")
+        expect(exactly.get("allocationMode", "ExactCount") == "ExactCount" and
+               exactly.get("count", 1) == 1, "expected exactly one device")
+
+
+def rule_socket(pod):
+    listen = pod.flag("listen")
+    expect(re.fullmatch(r"unix:///[^,]+", listen),
+           f"expected --listen to be one unix:///abs/path socket, got {listen!r}")
+    socket = listen[len("unix://"):]
+    directory = socket.rsplit("/", 1)[0]
+    sidecar_mount = mount_of(pod.sidecar, directory)
+    engine_mount = mount_of(pod.engine, directory)
+    expect(sidecar_mount["name"] == engine_mount["name"],
+           f"expected both containers to mount the same volume at {directory}")
+    expect(not engine_mount.get("readOnly") and not sidecar_mount.get("readOnly"),
+           "the socket directory must be writable (connect needs write permission)")
+    expect("emptyDir" in pod.volume(sidecar_mount["name"]),
+           f"expected the socket volume {sidecar_mount['name']} to be an emptyDir")
+    env = {e.get("name"): e.get("value") for e in pod.engine.get("env") or []}
+    expect(env.get("SAMPLERD_SOCKET") == socket,
+           f"expected the engine's SAMPLERD_SOCKET={socket} (from --listen), "
+           f"got {env.get('SAMPLERD_SOCKET')!r}")
+
+
+def rule_dev_shm(pod):
+    sidecar_mount = mount_of(pod.sidecar, "/dev/shm")
+    engine_mount = mount_of(pod.engine, "/dev/shm")
+    expect(sidecar_mount["name"] == engine_mount["name"],
+           "expected both containers to mount the same volume at /dev/shm")
+    empty_dir = pod.volume(sidecar_mount["name"]).get("emptyDir")
+    expect(isinstance(empty_dir, dict) and empty_dir.get("medium") == "Memory",
+           "expected /dev/shm to be an emptyDir with medium Memory")
+
+
+def rule_probes(pod):
+    port = pod.port_flag("health_port")
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = pod.sidecar.get(kind)
+        expect(probe, f"expected samplerd to have a {kind}")
+        grpc = probe.get("grpc")
+        expect(grpc and set(probe) & {"httpGet", "tcpSocket", "exec"} == set(),
+               f"expected {kind} to be a gRPC probe")
+        expect(grpc.get("port") == port,
+               f"expected {kind} on --health_port {port}, got {grpc.get('port')!r}")
+    ports = [p.get("containerPort") for p in pod.sidecar.get("ports") or []]
+    expect(port in ports, f"expected containerPort {port} (health) on samplerd, got {ports}")
+
+
+def rule_metrics(pod):
+    port = pod.port_flag("metrics_port")
+    expect(port != pod.port_flag("health_port"), "metrics and health ports must differ")
+    annotations = pod.template.get("metadata", {}).get("annotations") or {}
+    expect(annotations.get("prometheus.io/scrape") == "true",
+           "expected the pod annotation prometheus.io/scrape: \"true\"")
+    expect(annotations.get("prometheus.io/port") == str(port),
+           f"expected prometheus.io/port: \"{port}\" (--metrics_port), "
+           f"got {annotations.get('prometheus.io/port')!r}")
+    expect(annotations.get("prometheus.io/path", "/metrics") == "/metrics",
+           "expected prometheus.io/path /metrics")
+    ports = [p.get("containerPort") for p in pod.sidecar.get("ports") or []]
+    expect(port in ports, f"expected containerPort {port} (metrics) on samplerd, got {ports}")
+
+
+def rule_process_namespace(pod):
+    expect(pod.spec.get("shareProcessNamespace") is True,
+           "expected shareProcessNamespace: true (GPU IPC needs the producer's process)")
+
+
+def rule_security_context(pod):
+    ctx = pod.spec.get("securityContext") or {}
+    expect(ctx.get("runAsNonRoot") is True, "expected pod runAsNonRoot: true")
+    expect(isinstance(ctx.get("runAsUser"), int) and ctx["runAsUser"] > 0,
+           "expected a non-zero pod runAsUser")
+    expect((ctx.get("seccompProfile") or {}).get("type") == "RuntimeDefault",
+           "expected pod seccompProfile RuntimeDefault")
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        expect(not pod.spec.get(field), f"expected no {field}")
+    expect(pod.spec.get("automountServiceAccountToken") is False,
+           "expected automountServiceAccountToken: false")
+    for c in (pod.sidecar, pod.engine):
+        sc = c.get("securityContext") or {}
+        name = c["name"]
+        expect(sc.get("allowPrivilegeEscalation") is False,
+               f"expected {name}: allowPrivilegeEscalation false")
+        expect(sc.get("readOnlyRootFilesystem") is True,
+               f"expected {name}: readOnlyRootFilesystem true")
+        expect(not sc.get("privileged"), f"expected {name}: not privileged")
+        caps = sc.get("capabilities") or {}
+        expect("ALL" in (caps.get("drop") or []) and not caps.get("add"),
+               f"expected {name}: capabilities drop [ALL], add none")
+        expect(sc.get("runAsUser", 1) != 0 and sc.get("runAsNonRoot", True) is not False,
+               f"expected {name}: not to run as root")
+
+
+def rule_resources(pod):
+    for c in (pod.sidecar, pod.engine):
+        res = c.get("resources") or {}
+        requests, limits = res.get("requests") or {}, res.get("limits") or {}
+        expect("cpu" in requests and "memory" in requests,
+               f"expected cpu and memory requests on {c['name']}")
+        expect("memory" in limits, f"expected a memory limit on {c['name']}")
+
+
+def rule_images(pod):
+    image = pod.sidecar.get("image", "")
+    suffix = pod.expected["image_suffix"]
+    expect(re.search(re.escape(suffix) + r"$", image),
+           f"expected samplerd's image tag to end in {suffix} for {pod.overlay}, got {image!r}")
+    expect("gpu.example.com" not in json.dumps(pod.docs),
+           "the base's placeholder DeviceClass gpu.example.com is still there")
+
+
+def rule_grace_period(pod):
+    match = re.fullmatch(r"(\d+)s", pod.flag("grace_period"))
+    expect(match, f"expected --grace_period in whole seconds (e.g. 20s), got "
+                  f"{pod.flag('grace_period')!r}")
+    budget = pod.spec.get("terminationGracePeriodSeconds", 30)
+    expect(budget > int(match.group(1)),
+           f"expected terminationGracePeriodSeconds ({budget}) above samplerd's --grace_period "
+           f"({match.group(1)}s): the sidecar drains after the engine has stopped")
+
+
+def rule_image_user(pod):
+    uids = {dockerfile_user(text)[0] for text in read_dockerfiles().values()}
+    gids = {dockerfile_user(text)[1] for text in read_dockerfiles().values()}
+    ctx = pod.spec.get("securityContext") or {}
+    expect(uids == {ctx.get("runAsUser")},
+           f"expected pod runAsUser {uids} (the images' USER), got {ctx.get('runAsUser')}")
+    expect(gids == {ctx.get("fsGroup")} and gids == {ctx.get("runAsGroup")},
+           f"expected pod runAsGroup and fsGroup {gids} (the images' group)")
+
+
+POD_RULES = {
+    "native-sidecar": rule_native_sidecar,
+    "backend": rule_backend,
+    "gpu-claim": rule_gpu_claim,
+    "device-class": rule_device_class,
+    "socket": rule_socket,
+    "dev-shm": rule_dev_shm,
+    "probes": rule_probes,
+    "metrics": rule_metrics,
+    "process-namespace": rule_process_namespace,
+    "security-context": rule_security_context,
+    "resources": rule_resources,
+    "images": rule_images,
+    "grace-period": rule_grace_period,
+    "image-user": rule_image_user,
+}
+
+
+def overlay_of(file_name):
+    for overlay in OVERLAYS:
+        if file_name == overlay or file_name.startswith(overlay + "-"):
+            return overlay
+    return None
+
+
+def pod_failures(overlay, docs):
+    """{rule: message} for the rules that fail on these objects."""
+    try:
+        pod = Pod(overlay, docs)
+    except (Broken, KeyError, TypeError) as e:
+        return {"structure": f"{type(e).__name__}: {e}"}
+    failures = {}
+    for rule, check in POD_RULES.items():
+        try:
+            check(pod)
+        except Broken as e:
+            failures[rule] = str(e)
+        except (KeyError, TypeError, AttributeError) as e:
+            failures[rule] = f"unexpected shape: {type(e).__name__}: {e}"
+    return failures
