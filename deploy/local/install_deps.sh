@@ -15,7 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 readonly APT_PACKAGES=(
   g++ cmake ninja-build pkg-config ca-certificates perl shellcheck
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
-  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libcivetweb-dev openssl
   python3-grpcio python3-protobuf python3-numpy python3-pip python3-setuptools python3-wheel
   golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc
   golang-github-golang-protobuf-1-5-dev

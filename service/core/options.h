@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "service/core/gpu_ipc.h"
 #include "service/core/regions.h"
+#include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::core {
 
@@ -21,6 +22,9 @@ struct Limits {
   int32_t max_top_logprobs = 64;          // LogprobOptions.top_n
   int64_t max_request_id_bytes = 256;
   int64_t max_stream_step_bytes = int64_t{1} << 30;  // a chunked SampleStream step, reassembled
+  // Sampling requests and stream steps admitted and not yet answered; one more is refused at
+  // once with RESOURCE_EXHAUSTED. 0: no limit.
+  int64_t max_inflight = 256;
 };
 
 enum class BackendChoice { kAuto, kCpu, kGpu };
@@ -41,6 +45,9 @@ struct CoreOptions {
   // gpu_ipc region or sending an IPC event is FAILED_PRECONDITION. Tests set a fake. The hook
   // for the runtime's implementation is in SamplerCore::Create (sampler_core.cc).
   std::shared_ptr<GpuIpc> gpu_ipc;
+  // Where the core counts rows, bytes, latencies, in-flight work and IPC opens; null: nowhere.
+  // Must outlive the core.
+  metrics::SamplerMetrics* metrics = nullptr;
 };
 
 }  // namespace samplerd::core

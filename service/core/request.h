@@ -60,6 +60,9 @@ struct SampleRequest {
   std::optional<LogprobSpec> logprobs;
 
   absl::Time arrival = absl::Now();
+  // The client's deadline: a request still queued when it passes is answered DEADLINE_EXCEEDED
+  // without being computed.
+  absl::Time deadline = absl::InfiniteFuture();
   // Returns true once the client has gone away (deadline passed or cancelled); checked before
   // the request is computed. May be empty.
   std::function<bool()> is_cancelled;

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "service/core/counting_gpu_ipc.h"
 #include "service/core/cpu_backend.h"
 #include "service/core/device_match.h"
 #include "service/core/request_io.h"
@@ -92,10 +93,10 @@ SamplerCore::SamplerCore(const CoreOptions& options, std::unique_ptr<Sampler> sa
     : options_(options),
       sampler_(std::move(sampler)),
       seeds_(seed_start),
-      regions_(std::make_unique<RegionRegistry>(options.regions, options.gpu_ipc.get(),
-                                                IpcDevices(*sampler_))),
-      events_(options.gpu_ipc != nullptr ? std::make_unique<IpcEventCache>(options.gpu_ipc.get())
-                                         : nullptr),
+      gpu_ipc_(WithOpenCounting(options.gpu_ipc, options.metrics)),
+      regions_(
+          std::make_unique<RegionRegistry>(options.regions, gpu_ipc_.get(), IpcDevices(*sampler_))),
+      events_(gpu_ipc_ != nullptr ? std::make_unique<IpcEventCache>(gpu_ipc_.get()) : nullptr),
       executor_(std::make_unique<Executor>()) {}
 
 SamplerCore::~SamplerCore() { executor_.reset(); }
@@ -110,6 +111,46 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
   if (draining_.load(std::memory_order_acquire)) {
     return absl::UnavailableError("samplerd is shutting down; retry on another instance");
   }
+  const absl::Time now = absl::Now();
+  if (now >= request.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "expected a deadline in the future, got one that passed ",
+        absl::FormatDuration(now - request.deadline), " ago, before the request was queued"));
+  }
+  RETURN_IF_ERROR(Admit());
+  absl::Status status = Queue(std::move(request), std::move(done));
+  if (!status.ok()) {
+    ReleaseAdmission();
+    Finish();
+  }
+  return status;
+}
+
+absl::Status SamplerCore::Admit() {
+  const int64_t limit = options_.limits.max_inflight;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (limit > 0 && admitted_ >= limit) {
+      return absl::ResourceExhaustedError(absl::StrCat("server busy: ", admitted_,
+                                                       " requests in flight, limit ", limit,
+                                                       " (--max_inflight); retry later"));
+    }
+    ++admitted_;
+    ++in_flight_;
+  }
+  if (options_.metrics != nullptr) options_.metrics->AddInflight(1);
+  return absl::OkStatus();
+}
+
+void SamplerCore::ReleaseAdmission() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --admitted_;
+  }
+  if (options_.metrics != nullptr) options_.metrics->AddInflight(-1);
+}
+
+absl::Status SamplerCore::Queue(SampleRequest request, Callback done) {
   absl::StatusOr<ValidatedBatch> batch =
       ValidateSampleRequest(request, options_.limits, [this] { return seeds_.Next(); });
   if (!batch.ok()) return batch.status();
@@ -117,61 +158,85 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
   absl::StatusOr<BoundIo> io =
       BindSampleIo(request, *batch, *sampler_, *regions_, events_.get(), devices_);
   if (!io.ok()) return io.status();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++in_flight_;
-  }
   // Shared: the executor's tasks must be copyable, leases are not.
   auto bound = std::make_shared<BoundIo>(*std::move(io));
   executor_->Submit([this, request = std::move(request), batch = *std::move(batch),
                      done = std::move(done), bound = std::move(bound)]() mutable {
-    const absl::Time start = absl::Now();
-    if (request.is_cancelled && request.is_cancelled()) {
-      done(
-          absl::CancelledError("the client cancelled the request or its deadline passed "
-                               "before sampling started"));
-      bound.reset();
-      Finish();
-      return;
-    }
-    if (faulted()) {
-      done(FaultedError());
-      bound.reset();
-      Finish();
-      return;
-    }
-    SampleResult result;
-    result.request_id = request.request_id;
-    result.seeds = std::move(batch.seeds);
-    absl::Status status = sampler_->Sample(batch, bound->io, &result);
-    const absl::Time end = absl::Now();
-    result.timings.queue = start - request.arrival;
-    result.timings.compute = end - start;
-    result.timings.total = end - request.arrival;
-    // A sticky fault is recorded before `done` runs, so that a client retrying at once is
-    // already refused.
-    bool fatal = false;
-    if (sampler_->faulted()) {
-      if (status.ok()) status = absl::InternalError("the backend faulted");
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!faulted_.load(std::memory_order_relaxed)) {
-        fault_ = status;
-        faulted_.store(true, std::memory_order_release);
-        fatal = true;
-      }
-    }
-    if (status.ok()) {
-      done(std::move(result));
-    } else {
-      done(status);
-    }
+    Run(request, batch, *bound, done);
     // The leases outlive the completion; a region unregistered meanwhile is closed by the
     // registry's closer thread, not here.
     bound.reset();
-    if (fatal && options_.on_fatal) options_.on_fatal(status);
     Finish();
   });
   return absl::OkStatus();
+}
+
+void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bound,
+                      const Callback& done) {
+  metrics::SamplerMetrics* const metrics = options_.metrics;
+  const absl::Time start = absl::Now();
+  if (metrics != nullptr) metrics->ObserveQueueWait(start - request.arrival);
+  // Refused before the backend: the deadline first (a passed deadline also cancels the call).
+  absl::Status refused;
+  if (start >= request.deadline) {
+    refused = absl::DeadlineExceededError(
+        absl::StrCat("expected to start sampling before the request's deadline, got there ",
+                     absl::FormatDuration(start - request.deadline), " after it, having waited ",
+                     absl::FormatDuration(start - request.arrival), " in the queue; not sampled"));
+  } else if (request.is_cancelled && request.is_cancelled()) {
+    refused = absl::CancelledError(
+        "the client cancelled the request or its deadline passed before sampling started");
+  } else if (faulted()) {
+    refused = FaultedError();
+  }
+  if (!refused.ok()) {
+    ReleaseAdmission();
+    done(refused);
+    if (metrics != nullptr) metrics->ObserveTotal(absl::Now() - request.arrival);
+    return;
+  }
+
+  SampleResult result;
+  result.request_id = request.request_id;
+  result.seeds = std::move(batch.seeds);
+  absl::Status status = sampler_->Sample(batch, bound.io, &result);
+  const absl::Time end = absl::Now();
+  result.timings.queue = start - request.arrival;
+  result.timings.compute = end - start;
+  result.timings.total = end - request.arrival;
+  // A sticky fault is recorded before `done` runs, so that a client retrying at once is
+  // already refused.
+  bool fatal = false;
+  if (sampler_->faulted()) {
+    if (status.ok()) status = absl::InternalError("the backend faulted");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!faulted_.load(std::memory_order_relaxed)) {
+      fault_ = status;
+      faulted_.store(true, std::memory_order_release);
+      fatal = true;
+    }
+  }
+  if (metrics != nullptr) {
+    metrics->ObserveBackend(result.timings.compute);
+    metrics->ObserveTotal(result.timings.total);
+    if (status.ok()) {
+      const metrics::Transport transport = request.has_inline_data ? metrics::Transport::kInline
+                                           : bound.logits.view().kind == RegionKind::kGpuIpc
+                                               ? metrics::Transport::kGpuIpc
+                                               : metrics::Transport::kHostShm;
+      metrics->CountSampled(transport, batch.batch,
+                            InlineBytes(batch.dtype, batch.batch, batch.vocab, batch.row_stride));
+    }
+  }
+  // The slot is free before the answer leaves: a client that sends its next request as soon as
+  // it has this answer must find it free.
+  ReleaseAdmission();
+  if (status.ok()) {
+    done(std::move(result));
+  } else {
+    done(status);
+  }
+  if (fatal && options_.on_fatal) options_.on_fatal(status);
 }
 
 absl::Status SamplerCore::FaultedError() const {
@@ -188,6 +253,11 @@ absl::Status SamplerCore::FaultedError() const {
 void SamplerCore::Finish() {
   std::lock_guard<std::mutex> lock(mu_);
   if (--in_flight_ == 0) idle_cv_.notify_all();
+}
+
+int64_t SamplerCore::admitted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return admitted_;
 }
 
 bool SamplerCore::Drain(absl::Time deadline) {

@@ -20,6 +20,7 @@
 #include "service/core/options.h"
 #include "service/core/regions.h"
 #include "service/core/request.h"
+#include "service/core/request_io.h"
 #include "service/core/sampler.h"
 #include "service/core/seed_source.h"
 
@@ -48,13 +49,17 @@ class SamplerCore {
   // Waits for queued requests to finish.
   ~SamplerCore();
 
-  // Validates `request`, leases its regions, opens its IPC events and queues it on the
-  // device's executor. Returns a non-OK status (and drops `done` uncalled) when the request is
-  // rejected up front: INVALID_ARGUMENT or RESOURCE_EXHAUSTED when it is malformed or over the
-  // limits, FAILED_PRECONDITION when it names a device other than the backend's (MatchDevice),
-  // NOT_FOUND / OUT_OF_RANGE / FAILED_PRECONDITION for its regions and events (BindSampleIo),
-  // UNAVAILABLE while draining or once the backend has faulted. Requests still queued when the
-  // backend faults get UNAVAILABLE through `done`.
+  // Admits `request`, validates it, leases its regions, opens its IPC events and queues it on
+  // the device's executor. Returns a non-OK status (and drops `done` uncalled) when the request
+  // is rejected up front: UNAVAILABLE while draining or once the backend has faulted,
+  // DEADLINE_EXCEEDED when its deadline has passed already, RESOURCE_EXHAUSTED ("server busy:
+  // N requests in flight, limit M") when limits().max_inflight requests are in flight,
+  // INVALID_ARGUMENT or RESOURCE_EXHAUSTED when it is malformed or over the size limits,
+  // FAILED_PRECONDITION when it names a device other than the backend's (MatchDevice),
+  // NOT_FOUND / OUT_OF_RANGE / FAILED_PRECONDITION for its regions and events (BindSampleIo).
+  // Requests still queued when the backend faults get UNAVAILABLE through `done`, those whose
+  // deadline passes in the queue DEADLINE_EXCEEDED, those cancelled meanwhile CANCELLED; none
+  // of them is computed.
   // Otherwise `done` runs exactly once, later, on the executor thread; the region leases are
   // released right after it (an unregistered region is then closed off this thread). The
   // request's inline data must stay alive until `done` runs. Never blocks on sampling; the
@@ -64,6 +69,10 @@ class SamplerCore {
   // Stops accepting requests (later ones get UNAVAILABLE) and waits until those in flight have
   // finished or `deadline` passes. Returns true when nothing is left in flight.
   bool Drain(absl::Time deadline);
+
+  // Sampling requests and stream steps admitted and not yet answered (what max_inflight
+  // bounds).
+  int64_t admitted() const;
 
   // True once the backend has faulted for good (see CoreOptions::on_fatal).
   bool faulted() const { return faulted_.load(std::memory_order_acquire); }
@@ -79,6 +88,15 @@ class SamplerCore {
   void CloseRegions();
 
  private:
+  // Takes an in-flight slot, or RESOURCE_EXHAUSTED when limits().max_inflight are taken.
+  absl::Status Admit();
+  // Validates, binds and queues an admitted request (SampleAsync's second half).
+  absl::Status Queue(SampleRequest request, Callback done);
+  // Runs a queued request on the executor thread.
+  void Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bound, const Callback& done);
+  // Gives the admission slot back: right before the answer is handed to the caller.
+  void ReleaseAdmission();
+  // Ends the request for Drain: after its callback has run and its leases are released.
   void Finish();
   // The status refusing work after a fault.
   absl::Status FaultedError() const;
@@ -93,7 +111,11 @@ class SamplerCore {
   mutable std::mutex mu_;
   absl::Status fault_;  // guarded by mu_: the status of the request that faulted
   std::condition_variable idle_cv_;
-  int64_t in_flight_ = 0;
+  int64_t admitted_ = 0;   // guarded by mu_: admitted, not yet answered (max_inflight)
+  int64_t in_flight_ = 0;  // guarded by mu_: admitted, callback not yet returned (Drain)
+  // options_.gpu_ipc, counting its opens when options_.metrics is set. Before regions_ and
+  // events_, which use it.
+  std::shared_ptr<GpuIpc> gpu_ipc_;
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<IpcEventCache> events_;  // null without options_.gpu_ipc
   // Declared last: destroyed first, so queued tasks finish while the members above live.

@@ -45,6 +45,12 @@ v1::RowStatus ToProto(kernels::RowStatus status) {
 
 }  // namespace
 
+absl::Time DeadlineOf(const grpc::ServerContextBase& context) {
+  const std::chrono::system_clock::time_point deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
 absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out) {
   out->request_id = in.request_id();
   const v1::Tensor& logits = in.logits();

@@ -2,7 +2,10 @@
 #ifndef SAMPLERD_SERVICE_GRPC_CONVERT_H_
 #define SAMPLERD_SERVICE_GRPC_CONVERT_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "samplerd/v1/sampler.pb.h"
 #include "service/core/regions.h"
 #include "service/core/request.h"
@@ -14,6 +17,9 @@ namespace samplerd::grpc_transport {
 // handles. out->inline_data views in.logits().inline_data(): `in` must outlive `out`. Errors:
 // INVALID_ARGUMENT for enum values this server does not know.
 absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out);
+
+// The call's deadline as an absl::Time; absl::InfiniteFuture() when the client set none.
+absl::Time DeadlineOf(const grpc::ServerContextBase& context);
 
 // Whether `in` names a region (logits.region or output).
 bool UsesRegions(const v1::SampleRequest& in);

@@ -10,8 +10,12 @@ namespace samplerd::grpc_transport {
 
 SampleStreamReactor::SampleStreamReactor(core::SamplerCore* core,
                                          grpc::CallbackServerContext* context,
-                                         bool allow_remote_regions)
-    : core_(core), context_(context), allow_remote_regions_(allow_remote_regions) {
+                                         bool allow_remote_regions,
+                                         metrics::SamplerMetrics* metrics)
+    : core_(core),
+      context_(context),
+      allow_remote_regions_(allow_remote_regions),
+      metrics_(metrics) {
   std::lock_guard<std::mutex> lock(mu_);
   ProgressLocked();
 }
@@ -98,20 +102,24 @@ void SampleStreamReactor::SubmitLocked(Step* step) {
     FailLocked(step, status);
     return;
   }
+  request.deadline = DeadlineOf(*context_);
   request.is_cancelled = [this] { return context_->IsCancelled(); };
-  status = core_->SampleAsync(std::move(request),
-                              [this, step](absl::StatusOr<core::SampleResult> result) {
-                                std::lock_guard<std::mutex> lock(mu_);
-                                --computing_;
-                                if (result.ok()) {
-                                  ToProto(*result, step->response.mutable_response());
-                                  step->response.mutable_status()->set_code(0);
-                                  step->ready = true;
-                                } else {
-                                  FailLocked(step, result.status());
-                                }
-                                ProgressLocked();
-                              });
+  status = core_->SampleAsync(
+      std::move(request), [this, step](absl::StatusOr<core::SampleResult> result) {
+        std::lock_guard<std::mutex> lock(mu_);
+        --computing_;
+        if (result.ok()) {
+          ToProto(*result, step->response.mutable_response());
+          step->response.mutable_status()->set_code(0);
+          step->ready = true;
+          if (metrics_ != nullptr) {
+            metrics_->CountRequest(metrics::Method::kSampleStream, absl::StatusCode::kOk);
+          }
+        } else {
+          FailLocked(step, result.status());
+        }
+        ProgressLocked();
+      });
   if (status.ok()) {
     ++computing_;  // the callback cannot run before this: it needs mu_, which we hold
   } else {
@@ -127,6 +135,7 @@ void SampleStreamReactor::FailLocked(Step* step, const absl::Status& status) {
   step->response.mutable_status()->set_message(std::string(status.message()));
   step->ready = true;
   step->message.Clear();  // release the logits early
+  if (metrics_ != nullptr) metrics_->CountRequest(metrics::Method::kSampleStream, status.code());
 }
 
 void SampleStreamReactor::ProgressLocked() {

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "samplerd/v1/sampler.pb.h"
 #include "service/core/sampler_core.h"
+#include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::grpc_transport {
 
@@ -26,8 +27,9 @@ class SampleStreamReactor final
   static constexpr size_t kMaxStepsInFlight = 32;
 
   // Steps that name a region need a unix-socket peer unless `allow_remote_regions` (peer.h).
+  // Each answered step is counted in `metrics` (null: none), which must outlive the stream.
   SampleStreamReactor(core::SamplerCore* core, grpc::CallbackServerContext* context,
-                      bool allow_remote_regions);
+                      bool allow_remote_regions, metrics::SamplerMetrics* metrics = nullptr);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -53,6 +55,7 @@ class SampleStreamReactor final
   core::SamplerCore* const core_;
   grpc::CallbackServerContext* const context_;
   const bool allow_remote_regions_;
+  metrics::SamplerMetrics* const metrics_;
   std::mutex mu_;
   v1::SampleStreamRequest read_;
   std::deque<std::unique_ptr<Step>> steps_;  // arrival order; front is the next to write

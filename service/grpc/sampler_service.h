@@ -5,8 +5,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <mutex>
+
 #include "samplerd/v1/sampler.grpc.pb.h"
 #include "service/core/sampler_core.h"
+#include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::grpc_transport {
 
@@ -14,11 +17,15 @@ namespace samplerd::grpc_transport {
 // clients only with `allow_remote_regions` (peer.h); others get PERMISSION_DENIED. Registration
 // maps the memory on the calling gRPC thread (a few system calls for host shm, a runtime call
 // for GPU IPC): rare, and never on the sampling path.
+//
+// With metrics, every answered call is counted by method and code (samplerd_requests_total;
+// SampleStream per step) and the region gauges follow registrations.
 class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
  public:
-  // `core` must outlive the service and every call on it.
-  SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions)
-      : core_(core), allow_remote_regions_(allow_remote_regions) {}
+  // `core` must outlive the service and every call on it; so must `metrics` (null: none).
+  SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions,
+                     metrics::SamplerMetrics* metrics = nullptr)
+      : core_(core), allow_remote_regions_(allow_remote_regions), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
                                    const v1::SampleRequest* request,
@@ -39,8 +46,18 @@ class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
                                           v1::GetServerInfoResponse* response) override;
 
  private:
+  // Counts `status` for `method`, then finishes `reactor` with it.
+  void Finish(grpc::ServerUnaryReactor* reactor, metrics::Method method, grpc::Status status);
+  // The context's default reactor, finished (and counted) at once.
+  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, metrics::Method method,
+                                      grpc::Status status);
+  // Recounts the registered regions into the region gauges (after a change).
+  void UpdateRegionGauges();
+
   core::SamplerCore* core_;
   const bool allow_remote_regions_;
+  metrics::SamplerMetrics* const metrics_;
+  std::mutex regions_gauge_mu_;  // orders recounts, so that the last one set wins
 };
 
 }  // namespace samplerd::grpc_transport

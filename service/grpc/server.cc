@@ -69,7 +69,12 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  std::unique_ptr<SamplerServer> server(new SamplerServer(core, options.allow_remote_regions));
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials =
+      MakeTcpCredentials(options.tls);
+  if (!tcp_credentials.ok()) return tcp_credentials.status();
+
+  std::unique_ptr<SamplerServer> server(
+      new SamplerServer(core, options.allow_remote_regions, options.metrics));
   grpc::ServerBuilder builder;
   std::vector<int> ports(options.listen.size(), 0);
   std::vector<std::string> socket_paths;
@@ -85,7 +90,9 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
       if (!made.ok()) return made;
       socket_paths.push_back(*std::move(path));
     }
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &ports[i]);
+    const bool unix_socket = IsUnixPath(address) || absl::StartsWith(address, kUnixAbstractScheme);
+    builder.AddListeningPort(
+        address, unix_socket ? grpc::InsecureServerCredentials() : *tcp_credentials, &ports[i]);
   }
   builder.RegisterService(&server->service_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -96,12 +103,27 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
+  // gRPC sets SO_REUSEPORT by default, so a second samplerd on the same TCP port would silently
+  // share its connections; a taken port must fail startup instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
-    return absl::UnavailableError(
-        "expected to bind every --listen address, got a failure (address in use, bad syntax "
-        "or missing permission; gRPC's log above says which)");
+    return absl::UnavailableError(absl::StrCat(
+        "expected to bind every --listen address, got a failure (address in use, bad syntax ",
+        options.tls.enabled() ? "or missing permission, or a TLS key that does not match its "
+                                "certificate"
+                              : "or missing permission",
+        "; gRPC's log above says which)"));
+  }
+  if (!options.health_address.empty()) {
+    absl::StatusOr<std::unique_ptr<HealthServer>> health =
+        HealthServer::Start(options.health_address, kServiceName);
+    if (!health.ok()) {
+      server->Shutdown(absl::Now());
+      return health.status();
+    }
+    server->health_ = *std::move(health);
   }
   server->SetServing(false);
   // gRPC binds sockets with mode 0777 minus the umask; narrow them to owner and group. Connecting
@@ -131,11 +153,13 @@ void SamplerServer::SetServing(bool serving) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus(serving);  // every service, "" included
   health->SetServingStatus(kServiceName, serving);
+  if (health_ != nullptr) health_->SetServing(serving);
 }
 
 void SamplerServer::Shutdown(absl::Time deadline) {
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
+  if (health_ != nullptr) health_->Shutdown(absl::Now());
 }
 
 }  // namespace samplerd::grpc_transport

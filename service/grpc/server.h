@@ -1,4 +1,5 @@
-// Builds and runs the gRPC server: listeners, SamplerService, health, reflection, keepalive.
+// Builds and runs the gRPC server: listeners (TLS on TCP when configured), SamplerService,
+// health (also on an optional health-only TCP port), reflection, keepalive.
 #ifndef SAMPLERD_SERVICE_GRPC_SERVER_H_
 #define SAMPLERD_SERVICE_GRPC_SERVER_H_
 
@@ -11,7 +12,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "service/core/sampler_core.h"
+#include "service/grpc/health_server.h"
 #include "service/grpc/sampler_service.h"
+#include "service/grpc/tls_credentials.h"
+#include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::grpc_transport {
 
@@ -30,6 +34,14 @@ struct ServerOptions {
   // Serve region calls (and requests naming regions) to TCP clients too, not only to clients on
   // a unix socket (--allow_remote_regions).
   bool allow_remote_regions = false;
+  // TLS (or mutual TLS) for the TCP addresses of `listen`; unix sockets stay plaintext. Off when
+  // no files are set.
+  TlsOptions tls;
+  // A second, plaintext TCP listener serving only grpc.health.v1.Health with the same status
+  // ("0.0.0.0:8081"; port 0 picks one); empty: none. See health_server.h.
+  std::string health_address;
+  // Where answered calls are counted (null: nowhere); must outlive the server.
+  metrics::SamplerMetrics* metrics = nullptr;
 };
 
 // The service name health reports on, besides "".
@@ -37,29 +49,36 @@ inline constexpr char kServiceName[] = "samplerd.v1.SamplerService";
 
 class SamplerServer {
  public:
-  // Starts serving on every address of `options`; health starts NOT_SERVING (call
-  // SetServing). `core` must outlive the server. Errors: INVALID_ARGUMENT for a malformed
-  // address, UNAVAILABLE when an address cannot be bound, FAILED_PRECONDITION when a socket's
-  // directory cannot be created or its mode cannot be set.
+  // Starts serving on every address of `options` (and the health address); health starts
+  // NOT_SERVING (call SetServing). `core` must outlive the server. Errors: INVALID_ARGUMENT for
+  // a malformed address or TLS options, UNAVAILABLE when an address cannot be bound (or gRPC
+  // refuses the TLS key pair), FAILED_PRECONDITION when a socket's directory cannot be created
+  // or its mode cannot be set, or a TLS file cannot be read.
   static absl::StatusOr<std::unique_ptr<SamplerServer>> Start(const ServerOptions& options,
                                                               core::SamplerCore* core);
 
-  // Health for "" and kServiceName: SERVING or NOT_SERVING.
+  // Health for "" and kServiceName, on the main listeners and the health address: SERVING or
+  // NOT_SERVING.
   void SetServing(bool serving);
 
   // The addresses actually bound, in the order of options.listen: TCP port 0 resolved, unix
   // addresses as given.
   const std::vector<std::string>& bound_addresses() const { return bound_; }
+  // The health address as bound (port 0 resolved); empty without one.
+  std::string health_address() const { return health_ ? health_->bound_address() : ""; }
 
-  // Stops accepting calls and waits for those in flight until `deadline`, then cancels them.
+  // Stops accepting calls and waits for those in flight until `deadline`, then cancels them;
+  // then stops the health listener (it answers NOT_SERVING, once SetServing(false), until then).
   void Shutdown(absl::Time deadline);
 
  private:
-  SamplerServer(core::SamplerCore* core, bool allow_remote_regions)
-      : service_(core, allow_remote_regions) {}
+  SamplerServer(core::SamplerCore* core, bool allow_remote_regions,
+                metrics::SamplerMetrics* metrics)
+      : service_(core, allow_remote_regions, metrics) {}
 
   SamplerServiceImpl service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthServer> health_;
   std::vector<std::string> bound_;
 };
 

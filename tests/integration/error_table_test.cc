@@ -173,6 +173,20 @@ const std::vector<BadInput>& BadInputs() {
        [](v1::SampleRequest* r, const v1::Limits& limits) {
          r->mutable_logprobs()->set_top_n(static_cast<uint32_t>(limits.max_top_logprobs()) + 1);
        }},
+      // Over the server's size limits (GetServerInfo.limits): RESOURCE_EXHAUSTED, checked before
+      // the byte count (a client need not send the bytes to learn the limit).
+      {"BatchAboveLimit",
+       C::RESOURCE_EXHAUSTED,
+       {"batch"},
+       [](v1::SampleRequest* r, const v1::Limits& limits) {
+         SetShape(r, {limits.max_batch() + 1, 16});
+       }},
+      {"VocabAboveLimit",
+       C::RESOURCE_EXHAUSTED,
+       {"vocabulary"},
+       [](v1::SampleRequest* r, const v1::Limits& limits) {
+         SetShape(r, {2, limits.max_vocab() + 1});
+       }},
       {"RequestIdOver256Bytes",
        C::INVALID_ARGUMENT,
        {"request_id"},
@@ -214,12 +228,6 @@ const std::vector<BadInput>& SurvivableInputs() {
        C::UNKNOWN,
        {},
        [](v1::SampleRequest* r, const v1::Limits&) { r->mutable_logits()->set_row_stride(-16); }},
-      {"BatchAboveLimit",
-       C::UNKNOWN,
-       {},
-       [](v1::SampleRequest* r, const v1::Limits& limits) {
-         SetShape(r, {limits.max_batch() + 1, 16});
-       }},
       {"UnknownDtypeValue",
        C::UNKNOWN,
        {},

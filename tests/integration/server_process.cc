@@ -141,7 +141,8 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const Options& options, std:
 }
 
 bool ServerProcess::WaitUntilServing(const Options& options, std::string* error) {
-  std::unique_ptr<Health::Stub> health = Health::NewStub(FastReconnectChannel(target_));
+  std::unique_ptr<Health::Stub> health = Health::NewStub(
+      FastReconnectChannel(options.health_target.empty() ? target_ : options.health_target));
   HealthCheckRequest request;
   request.set_service(options.health_service);
   const Clock::time_point deadline = Clock::now() + options.ready_timeout;

@@ -36,6 +36,10 @@ class ServerProcess {
     std::vector<std::string> extra_args;
     // Health service whose SERVING status means ready ("" is the whole server).
     std::string health_service = "samplerd.v1.SamplerService";
+    // Where readiness is asked, over plaintext: empty means the listen address. Set it to the
+    // health port ("127.0.0.1:PORT", with --health_port=PORT in extra_args) when the listen
+    // address speaks TLS.
+    std::string health_target;
     // How long Start() waits for SERVING before giving up.
     std::chrono::milliseconds ready_timeout{30000};
   };

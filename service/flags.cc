@@ -1,0 +1,171 @@
+#include "service/flags.h"
+
+#include <limits>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "service/core/host_shm.h"
+#include "service/core/status_macros.h"
+
+ABSL_FLAG(std::string, listen, "unix:///run/samplerd/samplerd.sock",
+          "Comma-separated gRPC listen addresses: unix:///abs/path.sock, unix:path.sock "
+          "(relative or absolute) or HOST:PORT (port 0 picks a free one). A unix socket's "
+          "missing directories are created (mode 0750) and the socket gets mode 0660 (owner and "
+          "group may connect). Unix sockets are always plaintext; TCP addresses use TLS when "
+          "--tls_cert and --tls_key are set.");
+ABSL_FLAG(std::string, backend, "auto",
+          "Where sampling runs: auto (GPU when present, else CPU), cpu, or gpu (fail when no "
+          "GPU is usable).");
+ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
+          "Largest gRPC message received or sent, in bytes (at most 2147483647). A larger "
+          "message is refused with RESOURCE_EXHAUSTED; a SampleStream step may be sent in "
+          "chunks instead.");
+ABSL_FLAG(int32_t, threads, 0, "Host threads of the CPU backend; 0 = one per core.");
+ABSL_FLAG(int64_t, max_batch, 4096, "Largest batch size B accepted; larger is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_vocab, 1 << 22,
+          "Largest vocabulary size V accepted; larger is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, max_top_logprobs, 64,
+          "Largest LogprobOptions.top_n accepted; larger is INVALID_ARGUMENT.");
+ABSL_FLAG(int64_t, max_inflight, 256,
+          "Sampling requests plus SampleStream steps admitted at once (queued or running); "
+          "one more is answered RESOURCE_EXHAUSTED (\"server busy\") at once and the server "
+          "keeps serving. 0 = no limit.");
+ABSL_FLAG(std::string, shm_prefix, "/samplerd-",
+          "Required start of host shared-memory keys in RegisterRegion (a '/' and at least one "
+          "more character, no further '/' or \"..\"). Keys are refused otherwise.");
+ABSL_FLAG(bool, allow_remote_regions, false,
+          "Serve RegisterRegion, UnregisterRegion, ListRegions and requests that name a region "
+          "to TCP clients too. By default only clients on a unix socket may use regions.");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
+          "On SIGTERM/SIGINT or a backend fault: how long in-flight calls may take to finish "
+          "(e.g. 10s, 500ms). Health turns NOT_SERVING at once.");
+ABSL_FLAG(int32_t, health_port, 0,
+          "TCP port of a second, plaintext gRPC listener that serves only grpc.health.v1.Health "
+          "(Check, Watch) with the server's status: SERVING once ready, NOT_SERVING while "
+          "draining or after a backend fault. For Kubernetes gRPC probes (which cannot use "
+          "TLS). 0 = off.");
+ABSL_FLAG(std::string, health_address, "0.0.0.0",
+          "Address the --health_port listener binds (e.g. 0.0.0.0, [::], 127.0.0.1).");
+ABSL_FLAG(int32_t, metrics_port, 0,
+          "TCP port serving Prometheus metrics (text format 0.0.4) at GET /metrics over plain "
+          "HTTP. 0 = off.");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0",
+          "Address the --metrics_port listener binds (e.g. 0.0.0.0, [::], 127.0.0.1).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the server (leaf first). With --tls_key: TCP listeners "
+          "speak TLS; both or neither. Unix sockets and the health port stay plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates. When set, every TCP client must present a certificate that "
+          "chains to one of them (mutual TLS); needs --tls_cert and --tls_key.");
+
+namespace samplerd {
+namespace {
+
+absl::Status CheckPort(const char* flag, int32_t port) {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --", flag, " in [0, 65535] (0 = off), got ", port));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::BackendChoice> BackendFromFlag() {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend == "auto") return core::BackendChoice::kAuto;
+  if (backend == "cpu") return core::BackendChoice::kCpu;
+  if (backend == "gpu") return core::BackendChoice::kGpu;
+  return absl::InvalidArgumentError(
+      absl::StrCat("expected --backend=auto|cpu|gpu, got '", backend, "'"));
+}
+
+absl::Status LimitsFromFlags(core::Limits* limits) {
+  const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
+  if (max_message < 1024 || max_message > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --max_message_bytes in [1024, 2147483647], got ", max_message));
+  }
+  limits->max_message_bytes = max_message;
+  limits->max_batch = absl::GetFlag(FLAGS_max_batch);
+  limits->max_vocab = absl::GetFlag(FLAGS_max_vocab);
+  limits->max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);
+  limits->max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  if (limits->max_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --max_batch >= 1, got ", limits->max_batch));
+  }
+  if (limits->max_vocab < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --max_vocab >= 1, got ", limits->max_vocab));
+  }
+  if (limits->max_top_logprobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --max_top_logprobs >= 0, got ", limits->max_top_logprobs));
+  }
+  if (limits->max_inflight < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --max_inflight >= 0 (0 = no limit), got ", limits->max_inflight));
+  }
+  return absl::OkStatus();
+}
+
+bool IsThisFile(absl::string_view file) { return absl::EndsWith(file, "service/flags.cc"); }
+
+}  // namespace
+
+void SetUpFlagsUsage() {
+  absl::SetProgramUsageMessage(
+      "samplerd: samples the next token for LLM inference engines over gRPC.\n"
+      "Usage: samplerd [--listen=unix:///run/samplerd/samplerd.sock] [--backend=auto]\n"
+      "  [--health_port=8081] [--metrics_port=9090] [--tls_cert=F --tls_key=F "
+      "[--tls_client_ca=F]]\n"
+      "Unix sockets are plaintext (their mode, 0660, says who may connect); TCP listeners use "
+      "TLS with --tls_cert/--tls_key; the health and metrics ports are always plaintext.\n"
+      "Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad flags or startup failure, 3 backend fault "
+      "(restart the process).");
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = IsThisFile;
+  config.contains_helpshort_flags = IsThisFile;
+  absl::SetFlagsUsageConfig(config);
+}
+
+absl::StatusOr<ProcessOptions> OptionsFromFlags() {
+  ProcessOptions options;
+  ASSIGN_OR_RETURN(options.core.backend, BackendFromFlag());
+  options.core.threads = absl::GetFlag(FLAGS_threads);
+  RETURN_IF_ERROR(LimitsFromFlags(&options.core.limits));
+  options.core.regions.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
+  RETURN_IF_ERROR(core::ValidateShmPrefix(options.core.regions.shm_prefix));
+
+  options.grace_period = absl::GetFlag(FLAGS_grace_period);
+  if (options.grace_period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected --grace_period >= 0, got ",
+                                                   absl::FormatDuration(options.grace_period)));
+  }
+
+  grpc_transport::ServerOptions& server = options.server;
+  server.listen = absl::StrSplit(absl::GetFlag(FLAGS_listen), ',', absl::SkipEmpty());
+  server.max_message_bytes = static_cast<int>(options.core.limits.max_message_bytes);
+  server.allow_remote_regions = absl::GetFlag(FLAGS_allow_remote_regions);
+  server.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  server.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  server.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  RETURN_IF_ERROR(grpc_transport::ValidateTlsOptions(server.tls));
+
+  const int32_t health_port = absl::GetFlag(FLAGS_health_port);
+  RETURN_IF_ERROR(CheckPort("health_port", health_port));
+  if (health_port != 0) {
+    server.health_address = absl::StrCat(absl::GetFlag(FLAGS_health_address), ":", health_port);
+  }
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  RETURN_IF_ERROR(CheckPort("metrics_port", options.metrics_port));
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  return options;
+}
+
+}  // namespace samplerd

@@ -1,0 +1,145 @@
+#include "service/metrics/http_exporter.h"
+
+#include <arpa/inet.h>
+#include <civetweb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "service/metrics/text_format.h"
+
+namespace samplerd::metrics {
+namespace {
+
+// civetweb's listening_ports syntax is "ADDRESS:PORT" with separators of its own (',' and 's'
+// or 'r' suffixes): accept addresses made of address characters only.
+bool IsPlainAddress(const std::string& address) {
+  if (address.empty()) return false;
+  for (char c : address) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) && c != '.' && c != ':' && c != '[' &&
+        c != ']') {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Opens and closes one TCP connection to `address`:`port` (a wildcard address means this
+// host's loopback), ignoring failures.
+void Knock(std::string address, int port) {
+  if (!address.empty() && address.front() == '[') address = address.substr(1, address.size() - 2);
+  sockaddr_storage storage = {};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (inet_pton(AF_INET, address == "0.0.0.0" ? "127.0.0.1" : address.c_str(), &v4->sin_addr) ==
+      1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, address == "::" ? "::1" : address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(*v6);
+  } else {
+    return;
+  }
+  const int fd = socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  (void)connect(fd, reinterpret_cast<sockaddr*>(&storage), length);
+  close(fd);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::string& address,
+                                                                  int port,
+                                                                  const Registry* registry) {
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a metrics port in [0, 65535], got ", port));
+  }
+  if (!IsPlainAddress(address)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a numeric metrics address such as 0.0.0.0, 127.0.0.1 or [::], got '",
+                     address, "'"));
+  }
+  static std::once_flag init_once;
+  std::call_once(init_once, [] { mg_init_library(0); });
+
+  std::unique_ptr<HttpExporter> exporter(new HttpExporter(registry));
+  exporter->address_ = address;
+  const std::string ports = absl::StrCat(address, ":", port);
+  // Two workers: a scrape is a few kB rendered in microseconds; keep-alive connections from
+  // one or two scrapers are all there is. Slow or idle clients are dropped after 10 s.
+  const char* options[] = {"listening_ports",
+                           ports.c_str(),
+                           "num_threads",
+                           "2",
+                           "request_timeout_ms",
+                           "10000",
+                           "enable_keep_alive",
+                           "yes",
+                           "keep_alive_timeout_ms",
+                           "30000",
+                           nullptr};
+  mg_callbacks callbacks;
+  std::memset(&callbacks, 0, sizeof(callbacks));
+  char error_text[256] = "";
+  mg_init_data init = {&callbacks, exporter.get(), options};
+  mg_error_data error = {nullptr, error_text, sizeof(error_text)};
+  exporter->context_ = mg_start2(&init, &error);
+  if (exporter->context_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("expected to serve metrics on ", ports, ", got: ",
+                                               error_text[0] != '\0' ? error_text : "an error"));
+  }
+  mg_set_request_handler(exporter->context_, "/metrics$", &HttpExporter::HandleMetrics,
+                         exporter.get());
+  mg_server_port bound[4];
+  std::memset(bound, 0, sizeof(bound));
+  const int n = mg_get_server_ports(exporter->context_, 4, bound);
+  exporter->port_ = n > 0 ? bound[0].port : port;
+  return exporter;
+}
+
+HttpExporter::~HttpExporter() {
+  if (context_ == nullptr) return;
+  // civetweb's listening thread sees the stop only when its poll() returns, which it does every
+  // 2 s (a compile-time quantum) or on a new connection: knock until mg_stop is through, so that
+  // stopping takes milliseconds, not up to 2 s (measured: 2.0 s per stop without this).
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    mg_stop(context_);
+    stopped.store(true, std::memory_order_release);
+  });
+  for (int i = 0; i < 300 && !stopped.load(std::memory_order_acquire); ++i) {
+    Knock(address_, port_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stopper.join();
+}
+
+int HttpExporter::HandleMetrics(mg_connection* connection, void* self) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  const bool head = std::strcmp(request->request_method, "HEAD") == 0;
+  if (!head && std::strcmp(request->request_method, "GET") != 0) {
+    mg_send_http_error(connection, 405, "expected GET or HEAD /metrics, got %s",
+                       request->request_method);
+    return 405;
+  }
+  const std::string body = static_cast<HttpExporter*>(self)->registry_->ExpositionText();
+  mg_send_http_ok(connection, kExpositionContentType, static_cast<long long>(body.size()));
+  if (!head) mg_write(connection, body.data(), body.size());
+  return 200;
+}
+
+}  // namespace samplerd::metrics

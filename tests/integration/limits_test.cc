@@ -1,0 +1,147 @@
+// Limits of the real binary: --max_inflight answers RESOURCE_EXHAUSTED at once and keeps
+// serving; a request whose deadline passes while it is queued is answered DEADLINE_EXCEEDED
+// without being sampled. The server's own counters (/metrics) show what happened inside.
+//
+// The CPU backend on one thread makes a 64 x 32,000 request take ~0.2 s (tests/bench/RESULTS.md:
+// ~3.4 ms per 32k row), the window in which the other requests arrive. The tests wait for the
+// server to report it in flight (samplerd_inflight_requests) before sending them.
+#include <future>
+#include <memory>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "tests/integration/integration_fixture.h"
+#include "tests/integration/metrics_scrape.h"
+
+namespace samplerd::integration {
+namespace {
+
+constexpr int64_t kSlowBatch = 64;
+constexpr int64_t kSlowVocab = 32000;
+
+class Limits : public ServerSuite {
+ protected:
+  static void StartWith(const std::string& extra) {
+    port_ = PickFreeTcpPort();
+    ServerProcess::Options options = CpuServerOptions();
+    options.extra_args = {"--threads=1", "--grace_period=10s",
+                          "--metrics_port=" + std::to_string(port_), "--metrics_address=127.0.0.1"};
+    if (!extra.empty()) options.extra_args.push_back(extra);
+    StartServer(options);
+  }
+
+  // Waits until the scraped value of `series` is `value`; false after 30 s.
+  static bool WaitForSeries(const std::string& series, double value) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      if (SeriesValue(ScrapeMetrics(port_), series) == value) return true;
+    }
+    return false;
+  }
+
+  // Starts a slow Sample on its own client; the future holds its status.
+  std::future<grpc::Status> StartSlowSample() {
+    return std::async(std::launch::async, [target = server().target()] {
+      ClientOptions options;
+      options.default_deadline = std::chrono::seconds(60);
+      Client client(target, options);
+      v1::SampleResponse response;
+      return client.Sample(RandomLogits(kSlowBatch, kSlowVocab, /*seed=*/61).Request({TopKTopP(3)}),
+                           &response);
+    });
+  }
+
+  inline static int port_ = 0;
+};
+
+class MaxInflight : public Limits {
+ protected:
+  static void SetUpTestSuite() { StartWith("--max_inflight=1"); }
+};
+
+TEST_F(MaxInflight, BeyondTheLimitIsResourceExhaustedAtOnceAndTheServerKeepsServing) {
+  std::future<grpc::Status> slow = StartSlowSample();
+  ASSERT_TRUE(WaitForSeries("samplerd_inflight_requests", 1));
+
+  const GreedyCase c = KnownGreedyBatch();
+  v1::SampleResponse response;
+  const grpc::Status busy = client_->Sample(c.logits.Request({Greedy()}), &response);
+  EXPECT_EQ(busy.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << busy.error_message();
+  EXPECT_TRUE(MentionsAny(busy.error_message(), {"server busy: 1 requests in flight, limit 1"}))
+      << busy.error_message();
+  // A stream step is refused the same way, on its own response; the stream stays open.
+  std::unique_ptr<SampleSession> session = client_->OpenStream();
+  const grpc::Status step = session->Step(c.logits.Request({Greedy()}), &response);
+  EXPECT_EQ(step.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << step.error_message();
+  EXPECT_TRUE(session->open());
+
+  // Nothing lost: the admitted request completes, and there is room again afterwards.
+  const grpc::Status slow_status = slow.get();
+  EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
+  ASSERT_TRUE(session->Step(c.logits.Request({Greedy()}), &response).ok());
+  EXPECT_EQ(Tokens(response), c.expected);
+  EXPECT_TRUE(session->Close().ok());
+  ASSERT_TRUE(client_->Sample(c.logits.Request({Greedy()}), &response).ok());
+  EXPECT_EQ(Tokens(response), c.expected);
+}
+
+class Deadlines : public Limits {
+ protected:
+  static void SetUpTestSuite() { StartWith(""); }
+};
+
+TEST_F(Deadlines, ARequestWhoseDeadlinePassesInTheQueueIsNotSampled) {
+  // Connected up front, so that the short deadline below is spent in the server's queue.
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(server().target(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
+  std::unique_ptr<v1::SamplerService::Stub> stub = v1::SamplerService::NewStub(channel);
+  const std::string before = ScrapeMetrics(port_);
+  std::future<grpc::Status> slow = StartSlowSample();
+  ASSERT_TRUE(WaitForSeries("samplerd_inflight_requests", 1));
+
+  // Queued behind the slow request (>= 0.2 s) on the one executor, with a 100 ms deadline.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  const GreedyCase c = KnownGreedyBatch();
+  v1::SampleResponse response;
+  const grpc::Status status = stub->Sample(&context, c.logits.Request({Greedy()}), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(slow.get().ok());
+
+  // The server answered it DEADLINE_EXCEEDED itself, without sampling its 4 rows.
+  const double expired_before = Requests(before, "Sample", "DEADLINE_EXCEEDED");
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  std::string after;
+  do {
+    after = ScrapeMetrics(port_);
+  } while (Requests(after, "Sample", "DEADLINE_EXCEEDED") == expired_before &&
+           absl::Now() < deadline);
+  EXPECT_EQ(Requests(after, "Sample", "DEADLINE_EXCEEDED") - expired_before, 1);
+  EXPECT_EQ(SeriesValue(after, "samplerd_rows_sampled_total") -
+                SeriesValue(before, "samplerd_rows_sampled_total"),
+            kSlowBatch);
+  EXPECT_EQ(SeriesValue(after, "samplerd_backend_seconds_count") -
+                SeriesValue(before, "samplerd_backend_seconds_count"),
+            1);
+  EXPECT_EQ(SeriesValue(after, "samplerd_queue_wait_seconds_count") -
+                SeriesValue(before, "samplerd_queue_wait_seconds_count"),
+            2);
+
+  // And it keeps serving.
+  ASSERT_TRUE(client_->Sample(c.logits.Request({Greedy()}), &response).ok());
+  EXPECT_EQ(Tokens(response), c.expected);
+}
+
+TEST(LimitFlags, NegativeMaxInflightFailsStartupWithExitCode2) {
+  ServerProcess::Options options = CpuServerOptions();
+  options.extra_args.push_back("--max_inflight=-1");
+  std::string error;
+  EXPECT_EQ(ServerProcess::Start(options, &error), nullptr);
+  EXPECT_TRUE(MentionsAny(error, {"exited with status 2"})) << error;
+  EXPECT_TRUE(MentionsAny(error, {"expected --max_inflight >= 0 (0 = no limit), got -1"})) << error;
+}
+
+}  // namespace
+}  // namespace samplerd::integration

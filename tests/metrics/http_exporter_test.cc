@@ -1,0 +1,84 @@
+// The /metrics HTTP endpoint on a real socket: content, content type, methods and paths, ports.
+#include "service/metrics/http_exporter.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "tests/metrics/http_get.h"
+
+namespace samplerd::metrics {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_http::HttpGet;
+using testing_http::HttpRequest;
+using testing_http::HttpResponse;
+
+class HttpExporterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    (*registry_.AddCounter("demo_total", "A demo counter."))->Get().Increment(7);
+    absl::StatusOr<std::unique_ptr<HttpExporter>> exporter =
+        HttpExporter::Start("127.0.0.1", 0, &registry_);
+    ASSERT_TRUE(exporter.ok()) << exporter.status();
+    exporter_ = *std::move(exporter);
+  }
+
+  Registry registry_;
+  std::unique_ptr<HttpExporter> exporter_;
+};
+
+TEST_F(HttpExporterTest, PortZeroIsResolvedToTheBoundPort) {
+  EXPECT_GT(exporter_->port(), 0);
+  EXPECT_LE(exporter_->port(), 65535);
+}
+
+TEST_F(HttpExporterTest, GetMetricsAnswersTheExpositionWithItsContentType) {
+  const HttpResponse response = HttpGet(exporter_->port(), "/metrics");
+  EXPECT_EQ(response.status, 200) << response.headers;
+  EXPECT_THAT(response.headers, HasSubstr("Content-Type: text/plain; version=0.0.4"));
+  EXPECT_EQ(response.body, registry_.ExpositionText());
+  EXPECT_THAT(response.body, HasSubstr("\ndemo_total 7\n"));
+}
+
+TEST_F(HttpExporterTest, EachScrapeSeesCurrentValues) {
+  (*registry_.AddGauge("late_gauge", ""))->Get().Set(3);
+  EXPECT_THAT(HttpGet(exporter_->port(), "/metrics").body, HasSubstr("\nlate_gauge 3\n"));
+}
+
+TEST_F(HttpExporterTest, HeadAnswersHeadersWithoutABody) {
+  const HttpResponse response = HttpRequest(exporter_->port(), "HEAD", "/metrics");
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.body, "");
+}
+
+TEST_F(HttpExporterTest, OtherPathsAreNotFoundAndOtherMethodsNotAllowed) {
+  EXPECT_EQ(HttpGet(exporter_->port(), "/").status, 404);
+  EXPECT_EQ(HttpGet(exporter_->port(), "/metrics/extra").status, 404);
+  EXPECT_EQ(HttpGet(exporter_->port(), "/etc/passwd").status, 404);
+  EXPECT_EQ(HttpRequest(exporter_->port(), "POST", "/metrics").status, 405);
+}
+
+TEST_F(HttpExporterTest, TakenPortIsUnavailable) {
+  absl::StatusOr<std::unique_ptr<HttpExporter>> second =
+      HttpExporter::Start("127.0.0.1", exporter_->port(), &registry_);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("expected to serve metrics"));
+}
+
+TEST(HttpExporter, RefusesPortsOutOfRangeAndOddAddresses) {
+  Registry registry;
+  EXPECT_EQ(HttpExporter::Start("127.0.0.1", 65536, &registry).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HttpExporter::Start("127.0.0.1", -1, &registry).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HttpExporter::Start("127.0.0.1:80,9000", 0, &registry).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HttpExporter::Start("", 0, &registry).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace samplerd::metrics
