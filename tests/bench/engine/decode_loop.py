@@ -168,6 +168,18 @@ class SamplerdSampler:
         return host.to(logits.device, non_blocking=True), host
 
 
+class SamplerdStreamSampler(SamplerdSampler):
+    """One SampleStream session for the loop, one step per decode step."""
+
+    def __init__(self, name, client, batch, setting):
+        super().__init__(name, client, batch, setting)
+        self.session = client.stream()
+
+    def __call__(self, logits, step):
+        host = torch.from_numpy(self.session.step(logits, position=step, **self.kwargs).tokens)
+        return host.to(logits.device, non_blocking=True), host
+
+
 def run_loop(model, sampler, batch, steps, timed_split, device):
     """Generates ``steps`` tokens per row; returns (seconds, per-step forward s, per-step sample s)."""
     tokens = torch.randint(0, model.cfg.vocab, (batch,), device=device)
@@ -205,6 +217,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--ffn", type=int, default=4864)
     ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--stream", action="store_true",
+                    help="also sample through one SampleStream session (reported in the log and JSON)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -231,6 +245,8 @@ def main():
             samplers = [NativeSampler(batch, setting, device),
                         SamplerdSampler("samplerd", client, batch, setting),
                         SamplerdSampler("samplerd_sync", client_sync, batch, setting)]
+            if args.stream:
+                samplers.append(SamplerdStreamSampler("samplerd_stream", client, batch, setting))
             for s in samplers:  # warm-up: kernels, allocator blocks, the GPU IPC region
                 run_loop(model, s, batch, 4, False, device)
             result = {s.name: dict(total=[], forward=[], sample=[]) for s in samplers}
@@ -250,6 +266,15 @@ def main():
                                  sample_ms=smp * 1e3, sample_share=smp / (fwd + smp))
             row["speedup"] = row["samplerd"]["tokens_per_s"] / row["pytorch"]["tokens_per_s"]
             row["speedup_sync"] = row["samplerd_sync"]["tokens_per_s"] / row["pytorch"]["tokens_per_s"]
+            if "samplerd_stream" in row:
+                row["speedup_stream"] = (row["samplerd_stream"]["tokens_per_s"]
+                                         / row["pytorch"]["tokens_per_s"])
+                print("    stream session: %.0f tok/s (x%.2f), sample %.2f ms"
+                      % (row["samplerd_stream"]["tokens_per_s"], row["speedup_stream"],
+                         row["samplerd_stream"]["sample_ms"]), flush=True)
+                for s in samplers:
+                    if isinstance(s, SamplerdStreamSampler):
+                        s.session.close()
             rows.append(row)
             print("B=%-4d %-20s pytorch %9.0f tok/s (sample %5.2f ms, %4.1f%%)  samplerd %9.0f tok/s "
                   "(sample %5.2f ms, %4.1f%%)  x%.2f  (sync: %.0f tok/s, x%.2f)"
