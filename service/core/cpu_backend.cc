@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_sampler.h"
+#include "service/core/guarded_copy.h"
+#include "service/core/validation.h"
 
 namespace samplerd::core {
 
@@ -21,6 +23,19 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
         "expected host memory for the CPU backend, got device memory or IPC events");
   }
   const void* host_logits = io.logits;
+  if (io.logits_in_shm) {
+    // Sample from a private copy: a truncated object must not fault the worker threads.
+    const size_t bytes =
+        static_cast<size_t>(InlineBytes(batch.dtype, batch.batch, batch.vocab, batch.row_stride));
+    if (shm_copy_bytes_ < bytes) {
+      shm_copy_.reset(new char[bytes]);
+      shm_copy_bytes_ = bytes;
+    }
+    if (!GuardedCopy(shm_copy_.get(), io.logits, bytes)) {
+      return ShrunkShmError("the logits region");
+    }
+    host_logits = shm_copy_.get();
+  }
   const int64_t b = batch.batch;
   const int32_t n = batch.top_logprobs;
   result->token_ids.assign(b, -1);
@@ -68,7 +83,12 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
     }
   }
   if (io.output != nullptr) {
-    std::memcpy(io.output, result->token_ids.data(), result->token_ids.size() * sizeof(int32_t));
+    const size_t bytes = result->token_ids.size() * sizeof(int32_t);
+    if (!io.output_in_shm) {
+      std::memcpy(io.output, result->token_ids.data(), bytes);
+    } else if (!GuardedCopy(io.output, result->token_ids.data(), bytes)) {
+      return ShrunkShmError("the output region");
+    }
   }
   return absl::OkStatus();
 }

@@ -22,6 +22,9 @@ class CpuSampler final : public Sampler {
  private:
   ThreadPool pool_;
   DeviceInfo device_;
+  // Grow-only private copy of host shm logits (see Sample).
+  std::unique_ptr<char[]> shm_copy_;
+  size_t shm_copy_bytes_ = 0;
 };
 
 }  // namespace samplerd::core

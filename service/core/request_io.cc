@@ -91,6 +91,7 @@ absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const Validat
       bound.io.logits_on_device = true;
     }
     bound.io.logits = view.data;
+    bound.io.logits_in_shm = view.kind == RegionKind::kHostShm;
   } else {
     bound.io.logits = request.inline_data.data();
   }
@@ -115,6 +116,7 @@ absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const Validat
     }
     bound.io.output = view.data;
     bound.io.output_on_device = on_device;
+    bound.io.output_in_shm = view.kind == RegionKind::kHostShm;
   }
 
   if (!request.ready_event.empty() || !request.done_event.empty()) {

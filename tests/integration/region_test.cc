@@ -4,6 +4,8 @@
 // never echo keys or handles, and registration over TCP with and without
 // --allow_remote_regions. (An unregister while a request is in flight is tested in
 // tests/grpc/region_service_test.cc, where the backend can hold the request.)
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -115,6 +117,53 @@ TEST_F(Regions, HostShmEndToEnd) {
                   ->Sample(MakeRegionRequest("logits", 0, v1::DTYPE_FP32, kBatch, kVocab, Params()),
                            &response)
                   .ok());
+  EXPECT_EQ(Tokens(response), Tokens(inline_response));
+}
+
+// Resizes the shm object `key` (as a client might, by mistake or not).
+void ResizeObject(const std::string& key, off_t bytes) {
+  const int fd = shm_open(key.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, bytes), 0) << std::strerror(errno);
+  close(fd);
+}
+
+TEST_F(Regions, TruncatedObjectIsFailedPreconditionAndTheServerKeepsServing) {
+  ASSERT_TRUE(RegisterLogits().ok());
+  const v1::SampleRequest request =
+      MakeRegionRequest("logits", kLogitsOffset, v1::DTYPE_FP32, kBatch, kVocab, Params());
+  v1::SampleResponse response;
+  ASSERT_TRUE(client_->Sample(request, &response).ok());  // the pages are mapped and touched
+
+  ResizeObject(shm_->key(), 0);  // every page of the region is now past the object's end
+  grpc::Status status = client_->Sample(request, &response);
+  EXPECT_EQ(status.error_code(), C::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_NE(status.error_message().find("the logits region"), std::string::npos);
+  EXPECT_NE(status.error_message().find("truncated after RegisterRegion"), std::string::npos)
+      << status.error_message();
+  // Twice: the guard is armed again after a fault.
+  EXPECT_EQ(client_->Sample(request, &response).error_code(), C::FAILED_PRECONDITION);
+  // A stream step fails alone; the stream stays open.
+  std::unique_ptr<SampleSession> session = client_->OpenStream();
+  EXPECT_EQ(session->Step(request, &response).error_code(), C::FAILED_PRECONDITION);
+  EXPECT_TRUE(session->Step(logits_.Request(Params()), &response).ok());
+  EXPECT_TRUE(session->Close().ok());
+
+  // The output region in a truncated object: the tokens cannot be written.
+  v1::SampleRequest with_output = logits_.Request(Params());
+  with_output.mutable_output()->set_region("logits");
+  with_output.mutable_output()->set_offset(kOutputOffset);
+  status = client_->Sample(with_output, &response);
+  EXPECT_EQ(status.error_code(), C::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_NE(status.error_message().find("the output region"), std::string::npos);
+
+  // The server kept serving, and the region works again once the object is its size again.
+  v1::SampleResponse inline_response;
+  ASSERT_TRUE(client_->Sample(logits_.Request(Params()), &inline_response).ok());
+  ResizeObject(shm_->key(), static_cast<off_t>(kObjectBytes));
+  std::memcpy(Object() + kRegionOffset + kLogitsOffset, logits_.values.data(), kLogitsBytes);
+  status = client_->Sample(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(Tokens(response), Tokens(inline_response));
 }
 
