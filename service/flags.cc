@@ -25,6 +25,10 @@ ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
           "Largest gRPC message received or sent, in bytes (at most 2147483647). A larger "
           "message is refused with RESOURCE_EXHAUSTED; a SampleStream step may be sent in "
           "chunks instead.");
+ABSL_FLAG(std::string, gpu, "",
+          "The GPU to sample on, by PCI bus id (e.g. 0000:3b:00.0, as nvidia-smi or rocm-smi "
+          "print it) or UUID; empty = the first GPU the runtime lists (in a container given "
+          "one GPU: that one). GetServerInfo lists it first. Needs --backend=gpu or auto.");
 ABSL_FLAG(int32_t, threads, 0, "Host threads of the CPU backend; 0 = one per core.");
 ABSL_FLAG(int64_t, max_batch, 4096, "Largest batch size B accepted; larger is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_vocab, 1 << 22,
@@ -138,6 +142,7 @@ absl::StatusOr<ProcessOptions> OptionsFromFlags() {
   ProcessOptions options;
   ASSIGN_OR_RETURN(options.core.backend, BackendFromFlag());
   options.core.threads = absl::GetFlag(FLAGS_threads);
+  options.core.gpu = absl::GetFlag(FLAGS_gpu);
   RETURN_IF_ERROR(LimitsFromFlags(&options.core.limits));
   options.core.regions.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   RETURN_IF_ERROR(core::ValidateShmPrefix(options.core.regions.shm_prefix));

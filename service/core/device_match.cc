@@ -98,4 +98,22 @@ absl::Status MatchDevice(absl::string_view requested, const DeviceInfo& device) 
                    " (devices are named by PCI bus id or UUID; GetServerInfo lists them)"));
 }
 
+absl::StatusOr<size_t> SelectDevice(absl::string_view spec,
+                                    const std::vector<DeviceInfo>& devices) {
+  std::vector<size_t> matches;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (spec.empty() ? i == 0 : Matches(spec, devices[i])) matches.push_back(i);
+  }
+  if (matches.size() == 1) return matches[0];
+  std::string listed;
+  for (const DeviceInfo& d : devices) {
+    absl::StrAppend(&listed, listed.empty() ? "" : ", ", d.pci_bus_id, " (", d.uuid, ", ", d.name,
+                    ")");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "expected --gpu to name one GPU by PCI bus id or UUID among ",
+      listed.empty() ? "none (no GPU is listed)" : listed, ", got \"", spec.substr(0, kMaxEchoed),
+      "\"", matches.size() > 1 ? ", which names several" : ""));
+}
+
 }  // namespace samplerd::core

@@ -5,7 +5,11 @@
 #ifndef SAMPLERD_SERVICE_CORE_DEVICE_MATCH_H_
 #define SAMPLERD_SERVICE_CORE_DEVICE_MATCH_H_
 
+#include <cstddef>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "service/core/sampler.h"
 
@@ -18,6 +22,11 @@ namespace samplerd::core {
 // Otherwise FAILED_PRECONDITION "expected device <ours>, got <requested>" (the requested name
 // is shortened when it is long).
 absl::Status MatchDevice(absl::string_view requested, const DeviceInfo& device);
+
+// The index in `devices` of the device `spec` names, as MatchDevice matches (PCI bus id or UUID);
+// an empty spec names the first. INVALID_ARGUMENT "expected --gpu to name one of ..., got ..."
+// (listing the devices) when none or more than one matches, or `devices` is empty.
+absl::StatusOr<size_t> SelectDevice(absl::string_view spec, const std::vector<DeviceInfo>& devices);
 
 }  // namespace samplerd::core
 

@@ -31,6 +31,8 @@ enum class BackendChoice { kAuto, kCpu, kGpu };
 
 struct CoreOptions {
   BackendChoice backend = BackendChoice::kAuto;
+  // The GPU to sample on, by PCI bus id or UUID (--gpu); empty: the first the runtime lists.
+  std::string gpu;
   // Host threads the CPU backend spreads rows over; 0 = one per core.
   int threads = 0;
   Limits limits;

@@ -1,5 +1,6 @@
 #include "service/core/sampler_core.h"
 
+#include <algorithm>
 #include <random>
 #include <thread>
 #include <utility>
@@ -49,14 +50,22 @@ absl::StatusOr<std::unique_ptr<SamplerCore>> SamplerCore::Create(const CoreOptio
     return absl::InvalidArgumentError(
         absl::StrCat("expected threads >= 0 (0 = one per core), got ", options.threads));
   }
+  if (!options.gpu.empty() && options.backend == BackendChoice::kCpu) {
+    return absl::InvalidArgumentError(
+        "expected --gpu only with --backend=gpu or auto, got --backend=cpu");
+  }
   if (options.backend != BackendChoice::kCpu) {
 #if SAMPLERD_HAVE_GPU
     // kAuto takes the GPU whenever the runtime lists one; a listed device that then cannot be
     // brought up is an error, not a silent (and far slower) CPU fallback.
     std::string why;
     std::vector<DeviceInfo> gpus = ListGpuDevices(&why);
-    if (!gpus.empty()) {
-      // One backend device for now: the first one samples; GetServerInfo lists them all.
+    if (!gpus.empty() || !options.gpu.empty()) {
+      // One backend device: --gpu's, else the first. GetServerInfo lists it first, then the
+      // others (which do not sample).
+      ASSIGN_OR_RETURN(const size_t chosen, SelectDevice(options.gpu, gpus));
+      std::rotate(gpus.begin(), gpus.begin() + static_cast<ptrdiff_t>(chosen),
+                  gpus.begin() + static_cast<ptrdiff_t>(chosen) + 1);
       absl::StatusOr<std::unique_ptr<GpuSampler>> gpu = GpuSampler::Create(gpus.front().ordinal);
       absl::Status status = gpu.ok() ? (*gpu)->Warmup() : gpu.status();
       if (!status.ok()) {
@@ -76,6 +85,11 @@ absl::StatusOr<std::unique_ptr<SamplerCore>> SamplerCore::Create(const CoreOptio
           absl::StrCat("expected a usable GPU for --backend=gpu, got: ", why));
     }
 #else
+    if (!options.gpu.empty()) {
+      return absl::InvalidArgumentError(
+          "expected --gpu only in a build with a GPU backend (configure with -DSAMPLERD_GPU=cuda "
+          "or hip), got a CPU-only build");
+    }
     if (options.backend == BackendChoice::kGpu) {
       return absl::FailedPreconditionError(
           "expected a usable GPU for --backend=gpu, got: a build without a GPU backend "

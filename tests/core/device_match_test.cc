@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "service/core/cpu_backend.h"
@@ -95,6 +96,70 @@ TEST(MatchDevice, ShortensAndEscapesWhatItEchoes) {
 }
 
 // The check is wired into SamplerCore: a mismatch is refused up front, never sampled.
+DeviceInfo SecondGpu() {
+  DeviceInfo d = H200();
+  d.ordinal = 1;
+  d.pci_bus_id = "0000:3b:00.0";
+  d.uuid = "GPU-11111111-2222-3333-4444-555555555555";
+  return d;
+}
+
+TEST(SelectDevice, EmptyNamesTheFirst) {
+  EXPECT_EQ(SelectDevice("", {H200(), SecondGpu()}).value(), 0u);
+}
+
+TEST(SelectDevice, NamesADeviceByBusIdOrUuidInAnySpelling) {
+  const std::vector<DeviceInfo> both = {H200(), SecondGpu()};
+  EXPECT_EQ(SelectDevice("0000:3b:00.0", both).value(), 1u);
+  EXPECT_EQ(SelectDevice("00000000:3B:00.0", both).value(), 1u);  // nvidia-smi's spelling
+  EXPECT_EQ(SelectDevice("3b:00.0", both).value(), 1u);           // lspci's
+  EXPECT_EQ(SelectDevice("11111111-2222-3333-4444-555555555555", both).value(), 1u);
+  EXPECT_EQ(SelectDevice("gpu-6A1C2F3E-0B4D-4E5F-8A9B-0C1D2E3F4A5B", both).value(), 0u);
+}
+
+TEST(SelectDevice, AnUnknownDeviceListsTheDevices) {
+  const absl::StatusOr<size_t> got = SelectDevice("1", {H200(), SecondGpu()});  // an ordinal
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(got.status().message(),
+            "expected --gpu to name one GPU by PCI bus id or UUID among 0000:00:06.0 "
+            "(GPU-6a1c2f3e-0b4d-4e5f-8a9b-0c1d2e3f4a5b, NVIDIA H200), 0000:3b:00.0 "
+            "(GPU-11111111-2222-3333-4444-555555555555, NVIDIA H200), got \"1\"");
+}
+
+TEST(SelectDevice, NoDevicesIsAnError) {
+  const absl::StatusOr<size_t> got = SelectDevice("0000:00:06.0", {});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("among none (no GPU is listed)"));
+  EXPECT_FALSE(SelectDevice("", {}).ok());
+}
+
+TEST(SelectDevice, AmbiguousNamesAreRefused) {
+  DeviceInfo twin = SecondGpu();
+  twin.pci_bus_id = H200().pci_bus_id;  // a runtime listing one device twice
+  const absl::StatusOr<size_t> got = SelectDevice("0000:00:06.0", {H200(), twin});
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("which names several"));
+}
+
+TEST(SamplerCoreGpuFlag, IsRefusedWithTheCpuBackend) {
+  CoreOptions options;
+  options.backend = BackendChoice::kCpu;
+  options.gpu = "0000:00:06.0";
+  const auto core = SamplerCore::Create(options);
+  EXPECT_EQ(core.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core.status().message(),
+            "expected --gpu only with --backend=gpu or auto, got --backend=cpu");
+}
+
+#if !SAMPLERD_HAVE_GPU
+TEST(SamplerCoreGpuFlag, IsRefusedByACpuOnlyBuild) {
+  CoreOptions options;
+  options.gpu = "0000:00:06.0";
+  const auto core = SamplerCore::Create(options);
+  EXPECT_EQ(core.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(core.status().message()), HasSubstr("CPU-only build"));
+}
+#endif
+
 TEST(SamplerCoreDevice, RefusesARequestForAnotherDevice) {
   SamplerCore core(CoreOptions{}, std::make_unique<CpuSampler>(1), /*seed_start=*/1);
   const std::string bytes(4 * 3, '\0');

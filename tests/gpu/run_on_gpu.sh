@@ -13,6 +13,8 @@
 #   gpu_statistics_test   the statistical suite on the GPU
 #   gpu_ipc_runtime_test  GpuIpc over the runtime in one process (refusals, MemoryRange)
 #   servers_start         samplerd --backend=gpu and samplerd --backend=cpu on unix sockets
+#   gpu_flag_refused      --gpu naming no device: exit 2, the devices listed (the GPU server
+#                         itself runs with --gpu set to nvidia-smi's spelling of its bus id)
 #   server_gpu_test       the GPU server vs the CPU server, through the C++ client
 #   example_client        samplerd_example_sample_random against the GPU server
 #   ipc_raw               samplerd_ipc_producer_raw: a C++ producer's GPU IPC regions and events,
@@ -262,7 +264,11 @@ if selected server || selected example || selected ipc || selected pyclient ||
   log="$RESULTS/servers_start.log"
   rm -rf "$SOCK_DIR" && mkdir -p "$SOCK_DIR"
   echo "--- servers_start: samplerd --backend=gpu --listen=$GPU_TARGET; samplerd --backend=cpu --listen=$CPU_TARGET"
-  "${GRPC_ENV[@]}" "$BIN/samplerd" --backend=gpu "--listen=$GPU_TARGET" --grace_period=10s \
+  # --gpu in nvidia-smi's spelling of the bus id (8-digit domain): the server must accept it.
+  gpu_flag=()
+  smi_bus="$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0 2>/dev/null | head -n 1)"
+  [[ -n "$smi_bus" ]] && gpu_flag=("--gpu=$smi_bus")
+  "${GRPC_ENV[@]}" "$BIN/samplerd" --backend=gpu "${gpu_flag[@]}" "--listen=$GPU_TARGET" --grace_period=10s \
     >"$RESULTS/server_gpu.log" 2>&1 &
   GPU_PID=$!
   "${GRPC_ENV[@]}" "$BIN/samplerd" --backend=cpu "--listen=$CPU_TARGET" --grace_period=10s \
@@ -287,6 +293,11 @@ if selected server || selected example || selected ipc || selected pyclient ||
   fi
 
   if selected server; then
+    # A --gpu naming no device: exit 2 before serving, with the devices listed.
+    run_step gpu_flag_refused 60 bash -c 'out="$("$@" --backend=gpu --gpu=0000:ff:1f.7 \
+        --listen=unix:///tmp/samplerd-gpu-flag.sock 2>&1)"; rc=$?; echo "$out"; echo "exit $rc"
+        ((rc == 2)) && [[ "$out" == *"expected --gpu to name one GPU by PCI bus id or UUID"* ]]' \
+      _ "${GRPC_ENV[@]}" "$BIN/samplerd"
     # Run even without a GPU server: the binary then skips, and the skip fails the step.
     test_env=("${GRPC_ENV[@]}")
     ((GPU_UP)) && test_env+=("SAMPLERD_TEST_GPU_SERVER=$GPU_TARGET")
