@@ -12,63 +12,10 @@ set -uo pipefail
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../deploy/local/lib.sh"
 
-readonly START_TIMEOUT_S="${SAMPLERD_E2E_START_TIMEOUT:-30}"  # until health says SERVING
-readonly STOP_TIMEOUT_S="${SAMPLERD_E2E_STOP_TIMEOUT:-15}"    # from SIGTERM to exit
-readonly CALL_TIMEOUT_S=30                                    # any single buf curl call
-
-[[ -x "${SAMPLERD_BIN}" ]] || samplerd::die "no server binary at ${SAMPLERD_BIN} (build first)"
-[[ -x "${SAMPLERD_BUF}" ]] ||
-  samplerd::die "no buf at ${SAMPLERD_BUF} (run deploy/local/install_deps.sh)"
-
-TMP="$(mktemp -d "${TMPDIR:-/tmp}/samplerd-e2e.XXXXXX")"
-readonly TMP SOCK="${TMP}/s.sock" SERVER_LOG="${TMP}/server.log"
-SERVER_PID=""
-PASSED=0
-FAILED=0
-
-cleanup() {
-  if [[ -n "${SERVER_PID}" ]] && kill -0 "${SERVER_PID}" 2>/dev/null; then
-    kill -KILL "${SERVER_PID}" 2>/dev/null
-    wait "${SERVER_PID}" 2>/dev/null
-  fi
-  if ((FAILED > 0)) && [[ -s "${SERVER_LOG}" ]]; then
-    echo "--- server log (last 40 lines) ---"
-    tail -n 40 "${SERVER_LOG}"
-  fi
-  rm -rf "${TMP}"
-}
-trap cleanup EXIT
-
-pass() { echo "PASS  $1"; PASSED=$((PASSED + 1)); }
-# fail NAME WHY: also shows the last call's output.
-fail() {
-  echo "FAIL  $1: $2"
-  sed 's/^/      stdout| /' "${TMP}/out" 2>/dev/null | head -n 20
-  sed 's/^/      stderr| /' "${TMP}/err" 2>/dev/null | head -n 20
-  FAILED=$((FAILED + 1))
-}
-
-# True while the server process exists and is not a zombie.
-server_running() {
-  local state
-  state="$(awk '{print $3}' "/proc/${SERVER_PID}/stat" 2>/dev/null)" || return 1
-  [[ -n "${state}" && "${state}" != Z ]]
-}
-
-# bufcurl ARGS...: one `buf curl` against the server; stdout/stderr land in $TMP/out, $TMP/err,
-# the exit code in RC (0, or 8 × the gRPC status code for an RPC error).
-bufcurl() {
-  timeout "${CALL_TIMEOUT_S}" "${SAMPLERD_BUF}" curl --protocol grpc --http2-prior-knowledge \
-    --unix-socket "${SOCK}" "$@" >"${TMP}/out" 2>"${TMP}/err"
-  RC=$?
-}
-# call METHOD [JSON]: calls http://localhost/METHOD (e.g. samplerd.v1.SamplerService/Sample).
-call() {
-  if (($# > 1)); then bufcurl "http://localhost/$1" -d "$2"; else bufcurl "http://localhost/$1"; fi
-}
-# The last response with all whitespace removed, for matching JSON fragments like "tokenIds":[2].
-compact_out() { tr -d ' \t\n' <"${TMP}/out"; }
-out_has() { compact_out | grep -qF -- "$1"; }
+readonly STOP_TIMEOUT_S="${SAMPLERD_E2E_STOP_TIMEOUT:-15}"  # from SIGTERM to exit
+E2E_NAME=e2e
+# shellcheck source=tests/e2e/e2e_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/e2e_lib.sh"
 
 # tensor_json SHAPE_B SHAPE_V FLOATS...: the proto3 JSON of a DTYPE_FP32 logits tensor.
 tensor_json() {
@@ -76,25 +23,6 @@ tensor_json() {
   shift 2
   printf '{"dtype":"DTYPE_FP32","shape":[%s,%s],"inlineData":"%s"}' "$b" "$v" \
     "$(samplerd::floats_base64 "$@")"
-}
-
-start_server() {
-  "${SAMPLERD_BIN}" --listen="unix://${SOCK}" --backend=cpu >"${SERVER_LOG}" 2>&1 &
-  SERVER_PID=$!
-  local deadline=$((SECONDS + START_TIMEOUT_S))
-  while ((SECONDS < deadline)); do
-    if ! server_running; then
-      fail "server starts" "samplerd exited during start-up"
-      return 1
-    fi
-    if [[ -S "${SOCK}" ]]; then
-      call grpc.health.v1.Health/Check
-      ((RC == 0)) && out_has '"status":"SERVING"' && return 0
-    fi
-    sleep 0.1  # poll interval, not synchronisation: readiness is the health answer above
-  done
-  fail "server starts" "health did not say SERVING within ${START_TIMEOUT_S}s"
-  return 1
 }
 
 check_list_services() {
