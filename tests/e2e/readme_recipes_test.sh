@@ -8,7 +8,8 @@
 #   tests/e2e/readme_recipes_test.sh
 #
 # Checks: list and describe print every line shown; base64 prints exactly the string shown; the
-# JSON recipes (health, server-info, sample, sample-seeded) contain the fields listed below.
+# JSON recipes (health, server-info, sample, sample-seeded) answer with the fields listed below,
+# and the README shows those same fields.
 # Every recipe must have a check here, and every check its recipe in the README.
 set -uo pipefail
 # shellcheck source=deploy/local/lib.sh
@@ -38,7 +39,6 @@ extract_recipes() {
     }
     want && /^```sh$/ { inblock = 1; want = 0; printf "" > (dir "/" name ".cmd"); next }
     inblock && /^```$/ { inblock = 0; next }
-    inblock && /^#  / { next }  # continuation of a JSON answer
     inblock && /^# / { print substr($0, 3) > (dir "/" name ".expected"); next }
     inblock && /^S=/ { next }
     inblock { print > (dir "/" name ".cmd") }
@@ -67,10 +67,13 @@ check_recipe() {
       grep -qFx -- "${line}" "${TMP}/out" || missing+=("${line}")
     done <"${TMP}/recipes/${name}.expected"
   elif [[ -n "${JSON_CHECKS[${name}]+set}" ]]; then
-    local out
+    local out shown
     out="$(tr -d ' \t\n' <"${TMP}/out")"
+    shown="$(tr -d ' \t\n' <"${TMP}/recipes/${name}.expected" 2>/dev/null)"
     for frag in ${JSON_CHECKS[${name}]}; do
       [[ "${out}" == *"${frag}"* ]] || missing+=("${frag}")
+      # The README must show what the server answers: the same fragment in its output lines.
+      [[ "${shown}" == *"${frag}"* ]] || missing+=("${frag} (in the README's shown output)")
     done
   else
     fail "recipe ${name}" "README recipe without a check in this test"
