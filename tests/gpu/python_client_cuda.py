@@ -5,7 +5,8 @@ Every token is checked against the CPU server sampling the same logits inline. C
 bf16 tensors, a non-contiguous tensor, regions cached per allocation across fresh tensors, the
 ready event ordering the read (no synchronize by the caller), stream steps, PyTorch's IPC counter
 given back after each call, "never" / "auto" / "always" against a CPU server, close() leaving no
-region behind, and the fallback under expandable segments (in a child process).
+region behind, a dead producer's regions unregistered by the next producer, and the fallback
+under expandable segments (in child processes).
 
     python3 python_client_cuda.py --gpu unix:///tmp/g.sock --cpu unix:///tmp/c.sock --py DIR
 
@@ -174,6 +175,42 @@ def run(args, samplerd):
     cpu.close()
 
 
+def leave_region_child(args, samplerd):
+    """Registers a CUDA region, prints its names, and dies without closing the client."""
+    client = samplerd.Client(args.gpu, cuda_ipc="always")
+    logits = torch.randn(4, VOCAB, device=torch.device("cuda", 0))
+    client.sample(logits, seed=seeds(4), **PARAMS)
+    print(" ".join(client.cuda_regions), flush=True)
+    os._exit(0)  # no atexit, no close: as a crash would
+
+
+def fresh_client_child(args, samplerd):
+    """A new producer process: its first registration reaps the dead producers' regions."""
+    with samplerd.Client(args.gpu, cuda_ipc="always") as client:
+        logits = torch.randn(4, VOCAB, device=torch.device("cuda", 0))
+        client.sample(logits, seed=seeds(4), **PARAMS)
+    return 0
+
+
+def check_stale_regions_are_reaped(args, samplerd):
+    def child(flag):
+        return subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu", args.gpu,
+                               "--cpu", args.cpu, "--py", args.py, flag],
+                              capture_output=True, text=True, timeout=120)
+
+    left = child("--leave-region-child")
+    names = left.stdout.split()
+    with samplerd.Client(args.gpu) as probe:
+        listed = [r.name for r in probe.list_regions()]
+        check(left.returncode == 0 and names and all(n in listed for n in names),
+              "a producer that died without closing left its regions %s registered" % names)
+        fresh = child("--fresh-client-child")
+        listed = [r.name for r in probe.list_regions()]
+        check(fresh.returncode == 0 and not any(n in listed for n in names),
+              "the next producer's first registration unregistered them (left: %s) %s"
+              % ([n for n in names if n in listed], fresh.stderr[-500:]))
+
+
 def expandable_child(args, samplerd):
     """Under expandable segments: "auto" falls back to inline with a warning saying why."""
     dev = torch.device("cuda", 0)
@@ -197,13 +234,20 @@ def main():
     ap.add_argument("--py", required=True, help="folder holding the samplerd package")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--expandable-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--leave-region-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--fresh-client-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, args.py)
     import samplerd
 
     if args.expandable_child:
         return expandable_child(args, samplerd)
+    if args.leave_region_child:
+        return leave_region_child(args, samplerd)
+    if args.fresh_client_child:
+        return fresh_client_child(args, samplerd)
     run(args, samplerd)
+    check_stale_regions_are_reaped(args, samplerd)
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     child = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu", args.gpu, "--cpu",
                             args.cpu, "--py", args.py, "--expandable-child"],

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -41,6 +42,19 @@ from .v1 import sampler_pb2 as pb
 REGION_PREFIX = "torch"
 #: Numbers region names across every client of the process (names are server-wide).
 _SERIAL = itertools.count(1)
+_NAME = re.compile(r"^%s-(\d+)-\d+$" % REGION_PREFIX)
+#: Process-wide: stale regions are looked for once per process (see CudaIpc._reap_stale).
+_REAPED = threading.Event()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 class IpcUnavailable(Exception):
@@ -235,12 +249,35 @@ class CudaIpc:
         )
         return tensor, ready, lease
 
+    def _reap_stale(self) -> None:
+        """Unregisters the CUDA regions of earlier processes of this pod that are gone.
+
+        A producer killed without closing its client (a crash, SIGKILL, an engine restart in
+        the same pod) leaves its regions registered, and the server keeps their GPU memory
+        mapped. Their names carry the producer's pid ("torch-PID-N"); the first registration of
+        each process unregisters those whose pid no longer exists. Only a dead pid counts: a
+        live one (even another process's) is left alone, and pids are seen in this process's
+        namespace, which GPU IPC shares with the other producers of the server anyway.
+        """
+        if _REAPED.is_set():
+            return
+        _REAPED.set()
+        try:
+            listed = self._call(self._stub.ListRegions, pb.ListRegionsRequest()).regions
+        except Exception:  # noqa: BLE001 - best effort: registration reports real trouble
+            return
+        for r in listed:
+            m = _NAME.match(r.name)
+            if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+                self._unregister(r.name)
+
     def _region_for(self, index: int, device: str, shared: SharedStorage) -> str:
         key = (index, shared.handle, shared.offset_in_segment, shared.storage_bytes)
         name = self._regions.get(key)
         if name is not None:
             self._regions.move_to_end(key)
             return name
+        self._reap_stale()
         while len(self._regions) >= self.max_regions:
             _, old = self._regions.popitem(last=False)
             self._unregister(old)
