@@ -56,6 +56,9 @@ struct SampleRequest {
   std::string ready_event;
   std::string done_event;
   std::vector<ParamsSpec> params;
+  // Empty, or B values overriding each row's seed / position (SampleRequest.row_seeds, ...).
+  std::vector<uint64_t> row_seeds;
+  std::vector<uint64_t> row_positions;
   std::string device;
   std::optional<LogprobSpec> logprobs;
 

@@ -155,6 +155,15 @@ absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& reques
   for (size_t i = 0; i < n_params; ++i) {
     RETURN_IF_ERROR(ValidateParams(request.params[i], absl::StrCat("params[", i, "]")));
   }
+  auto check_per_row = [&out](const char* name, const std::vector<uint64_t>& values) {
+    if (values.empty() || values.size() == static_cast<size_t>(out.batch)) {
+      return absl::OkStatus();
+    }
+    return Invalid(absl::StrCat(name, " with 0 entries or B = ", out.batch, " entries"),
+                   absl::StrCat(values.size(), " entries"));
+  };
+  RETURN_IF_ERROR(check_per_row("row_seeds", request.row_seeds));
+  RETURN_IF_ERROR(check_per_row("row_positions", request.row_positions));
 
   if (request.logprobs.has_value()) {
     const int64_t top_n = request.logprobs->top_n;
@@ -171,16 +180,21 @@ absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& reques
   const ParamsSpec kDefaults;
   const bool broadcast = n_params <= 1;
   const ParamsSpec& first = n_params == 0 ? kDefaults : request.params[0];
+  // row_seeds / row_positions override per row, so they always expand to B entries.
+  const bool per_row = !request.row_seeds.empty() || !request.row_positions.empty();
   out.seeds.resize(out.batch);
-  if (broadcast && first.seed.has_value()) {
+  if (broadcast && first.seed.has_value() && !per_row) {
     out.params.push_back(ApplyDefaults(first, *first.seed));
     for (auto& s : out.seeds) s = *first.seed;
   } else {
     out.params.reserve(out.batch);
     for (int64_t r = 0; r < out.batch; ++r) {
       const ParamsSpec& p = broadcast ? first : request.params[r];
-      const uint64_t seed = p.seed.has_value() ? *p.seed : next_seed();
+      const uint64_t seed = !request.row_seeds.empty() ? request.row_seeds[r]
+                            : p.seed.has_value()       ? *p.seed
+                                                       : next_seed();
       out.params.push_back(ApplyDefaults(p, seed));
+      if (!request.row_positions.empty()) out.params.back().position = request.row_positions[r];
       out.seeds[r] = seed;
     }
   }

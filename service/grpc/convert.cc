@@ -85,6 +85,8 @@ absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out) {
     absl::Status status = ConvertParams(in.params(i), &out->params[i]);
     if (!status.ok()) return status;
   }
+  out->row_seeds.assign(in.row_seeds().begin(), in.row_seeds().end());
+  out->row_positions.assign(in.row_positions().begin(), in.row_positions().end());
   out->device = in.device();
   if (in.has_logprobs()) {
     core::LogprobSpec spec;

@@ -180,6 +180,48 @@ TEST_F(ValidationTest, RowStrideSetsTheByteCount) {
   ExpectRefused(r, absl::StatusCode::kInvalidArgument, "row_stride");
 }
 
+TEST_F(ValidationTest, RowSeedsAndPositionsOverrideEachRow) {
+  SampleRequest r = MakeRequest(3, 4, &bytes_);
+  ParamsSpec p;
+  p.seed = 77;  // overridden by row_seeds
+  p.position = 9;
+  p.top_k = 2;
+  r.params = {p};
+  r.row_seeds = {10, 11, 12};
+  r.row_positions = {3, 4, 5};
+  absl::StatusOr<ValidatedBatch> got = Validate(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->params.size(), 3u);
+  EXPECT_EQ(got->seeds, (std::vector<uint64_t>{10, 11, 12}));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(got->params[i].seed, 10u + i);
+    EXPECT_EQ(got->params[i].position, 3u + i);
+    EXPECT_EQ(got->params[i].top_k, 2);
+  }
+  // Positions alone: each row keeps the params' seed (or gets a server seed) and its position.
+  r.row_seeds.clear();
+  got = Validate(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->seeds, (std::vector<uint64_t>{77, 77, 77}));
+  EXPECT_EQ(got->params[2].position, 5u);
+  r.params[0].seed.reset();
+  got = Validate(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->seeds, (std::vector<uint64_t>{1001, 1002, 1003}));
+}
+
+TEST_F(ValidationTest, RefusesRowSeedsOrPositionsNeitherEmptyNorB) {
+  SampleRequest r = MakeRequest(3, 4, &bytes_);
+  r.row_seeds = {1, 2};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "row_seeds with 0 entries or B = 3");
+  r.row_seeds = {1, 2, 3};
+  r.row_positions = {1, 2, 3, 4};
+  ExpectRefused(r, absl::StatusCode::kInvalidArgument, "row_positions with 0 entries or B = 3");
+  const absl::StatusOr<ValidatedBatch> got = Validate(r);
+  EXPECT_EQ(got.status().message(),
+            "expected row_positions with 0 entries or B = 3 entries, got 4 entries");
+}
+
 TEST_F(ValidationTest, RefusesParamListsNeitherOneNorB) {
   SampleRequest r = MakeRequest(3, 4, &bytes_);
   r.params.resize(2);

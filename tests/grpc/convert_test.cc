@@ -32,6 +32,22 @@ TEST(FromProto, CarriesTensorAndViewsItsBytes) {
   EXPECT_FALSE(out.logprobs.has_value());
 }
 
+TEST(FromProto, CarriesRowSeedsAndPositions) {
+  v1::SampleRequest wire = WireRequest();
+  wire.add_row_seeds(7);
+  wire.add_row_seeds(UINT64_MAX);
+  wire.add_row_positions(0);
+  wire.add_row_positions(12345678901234ull);
+  core::SampleRequest out;
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  EXPECT_EQ(out.row_seeds, (std::vector<uint64_t>{7, UINT64_MAX}));
+  EXPECT_EQ(out.row_positions, (std::vector<uint64_t>{0, 12345678901234ull}));
+  core::SampleRequest none;
+  ASSERT_TRUE(FromProto(WireRequest(), &none).ok());
+  EXPECT_TRUE(none.row_seeds.empty());
+  EXPECT_TRUE(none.row_positions.empty());
+}
+
 TEST(FromProto, LeavesUnsetOptionalParamsUnset) {
   v1::SampleRequest wire = WireRequest();
   wire.add_params()->set_top_k(5);

@@ -96,6 +96,29 @@ TEST_F(SampleOverUds, ServerChosenSeedsAreReturnedAndReplay) {
   EXPECT_EQ(Seeds(replay), Seeds(chosen));
 }
 
+TEST_F(SampleOverUds, RowSeedsAndPositionsDrawAsPerRowParamsDo) {
+  const Logits logits = RandomLogits(12, 800, /*seed=*/12, /*stddev=*/1.0f);
+  std::vector<v1::SamplingParams> per_row;
+  v1::SampleRequest columnar = logits.Request({TopKTopP(/*seed=*/1)});
+  for (int r = 0; r < 12; ++r) {
+    v1::SamplingParams p = TopKTopP(/*seed=*/500 + 7 * r);
+    p.set_position(3 * r + 1);
+    per_row.push_back(p);
+    columnar.add_row_seeds(500 + 7 * r);
+    columnar.add_row_positions(3 * r + 1);
+  }
+  v1::SampleResponse expected, got;
+  ASSERT_TRUE(client_->Sample(logits.Request(per_row), &expected).ok());
+  const grpc::Status status = client_->Sample(columnar, &got);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(Tokens(got), Tokens(expected));
+  EXPECT_EQ(Seeds(got), Seeds(expected));
+
+  columnar.add_row_seeds(9);  // 13 seeds for 12 rows
+  EXPECT_EQ(client_->Sample(columnar, &got).error_message(),
+            "expected row_seeds with 0 entries or B = 12 entries, got 13 entries");
+}
+
 TEST_F(SampleOverUds, RowTokenDoesNotDependOnTheBatch) {
   const Logits batch = RandomLogits(6, 500, /*seed=*/10, /*stddev=*/1.0f);
   std::vector<v1::SamplingParams> params;

@@ -104,6 +104,32 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.client.sample(logits, temperature=[0.0, 1.0])
 
+    def test_per_row_seeds_and_positions_travel_packed_and_draw_the_same(self):
+        logits = random_logits(16, 500, seed=6)
+        seeds, positions = list(range(100, 116)), list(range(7, 23))
+        request = self.client.make_request(logits, top_k=20, seed=seeds, position=positions)
+        self.assertEqual(len(request.params), 1)  # filters shared: one message
+        self.assertEqual(list(request.row_seeds), seeds)
+        self.assertEqual(list(request.row_positions), positions)
+        packed = self.client.sample(logits, top_k=20, seed=seeds, position=positions)
+        # Per-row filters force B SamplingParams carrying the seeds and positions themselves.
+        messages = self.client.sample(logits, top_k=[20] * 16, seed=seeds, position=positions)
+        np.testing.assert_array_equal(packed.tokens, messages.tokens)
+        np.testing.assert_array_equal(packed.seeds, np.array(seeds, dtype=np.uint64))
+        with self.client.stream() as s:
+            step = s.step(logits, top_k=20, seed=seeds, position=positions)
+        np.testing.assert_array_equal(step.tokens, packed.tokens)
+
+    def test_a_server_ignoring_row_seeds_is_refused(self):
+        # What a server predating row_seeds answers: seeds of its own.
+        request = self.client.make_request(random_logits(2, 10), seed=[1, 2])
+        reply = samplerd.v1.sampler_pb2.SampleResponse(token_ids=[0, 0], row_status=[1, 1],
+                                                       seeds=[77, 78])
+        with self.assertRaises(samplerd.SamplerError) as caught:
+            samplerd._client._checked(request, samplerd.SampleResult._from_pb(reply))
+        self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("predates row_seeds", caught.exception.message)
+
     def test_logprobs(self):
         logits = random_logits(3, 200, seed=5)
         result = self.client.sample(logits, temperature=0, logprobs=5)

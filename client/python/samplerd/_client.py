@@ -156,21 +156,35 @@ def _params(
     min_p: PerRow,
     seed: Optional[PerRow],
     position: PerRow,
-) -> List[Any]:
-    """One SamplingParams for every row when all are scalars, else B of them (built column-wise:
-    a decode loop with per-row seeds pays this every step)."""
-    given = (
+) -> Tuple[List[Any], Optional[List[int]], Optional[List[int]]]:
+    """(params, row_seeds, row_positions) of a request.
+
+    One SamplingParams when the filters (temperature, top_k, top_p, min_p) are scalars; per-row
+    seeds and positions then travel as the request's packed row_seeds / row_positions (a decode
+    loop's usual case, and far cheaper than B messages). Per-row filters give B SamplingParams.
+    """
+    filters = (
         ("temperature", temperature, float),
         ("top_k", top_k, int),
         ("top_p", top_p, float),
         ("min_p", min_p, float),
-        ("position", position, int),
-        ("seed", seed, int),
     )
-    rows = [_per_row(name, value, batch) for name, value, _ in given]
-    if all(r is None for r in rows):
-        kw = {name: cast(value) for name, value, cast in given if value is not None}
-        return [pb.SamplingParams(**kw)]
+    filter_rows = [_per_row(name, value, batch) for name, value, _ in filters]
+    seed_rows = _per_row("seed", seed, batch)
+    position_rows = _per_row("position", position, batch)
+    if all(r is None for r in filter_rows):
+        kw = {name: cast(value) for name, value, cast in filters}
+        if seed_rows is None and seed is not None:
+            kw["seed"] = int(seed)
+        if position_rows is None:
+            kw["position"] = int(position)
+        return (
+            [pb.SamplingParams(**kw)],
+            None if seed_rows is None else [int(v) for v in seed_rows],
+            None if position_rows is None else [int(v) for v in position_rows],
+        )
+    given = filters + (("position", position, int), ("seed", seed, int))
+    rows = filter_rows + [position_rows, seed_rows]
     columns = [
         [None] * batch if value is None and r is None
         else [cast(value)] * batch if r is None
@@ -178,12 +192,30 @@ def _params(
         for (_, value, cast), r in zip(given, rows)
     ]
     make = pb.SamplingParams
-    return [
-        make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos)
-        if s is None
-        else make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos, seed=s)
-        for t, k, p, m, pos, s in zip(*columns)
-    ]
+    return (
+        [
+            make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos)
+            if s is None
+            else make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos, seed=s)
+            for t, k, p, m, pos, s in zip(*columns)
+        ],
+        None,
+        None,
+    )
+
+
+def _checked(request: Any, result: "SampleResult") -> "SampleResult":
+    """The result, unless the server ignored the request's row_seeds (a server older than the
+    field would sample with seeds of its own: refuse that rather than return other draws)."""
+    if len(request.row_seeds) and len(result.seeds) and not np.array_equal(
+        result.seeds, np.asarray(request.row_seeds, dtype=np.uint64)
+    ):
+        raise SamplerError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "expected the server to sample with the request's row_seeds, got other seeds: the "
+            "server predates row_seeds; upgrade samplerd",
+        )
+    return result
 
 
 def _logprob_options(logprobs: Union[None, int, Tuple[int, str]]) -> Optional[Any]:
@@ -291,7 +323,7 @@ class StreamSession:
         if reply.status.code != 0:
             code = _CODES.get(reply.status.code, grpc.StatusCode.UNKNOWN)
             raise SamplerError(code, reply.status.message)
-        return SampleResult._from_pb(reply.response)
+        return _checked(request, SampleResult._from_pb(reply.response))
 
     def close(self) -> None:
         """Half-closes the stream and waits for the server to end it."""
@@ -424,11 +456,17 @@ class Client:
         else:
             dtype, (batch, vocab), data = _tensor_bytes(logits)
             tensor = pb.Tensor(dtype=dtype, shape=[batch, vocab], inline_data=data)
-        params = _params(batch, temperature, top_k, top_p, min_p, seed, position)
+        params, row_seeds, row_positions = _params(
+            batch, temperature, top_k, top_p, min_p, seed, position
+        )
         if joint_top_p:
             for p in params:
                 p.top_p_mode = pb.TOP_P_MODE_JOINT
         request = pb.SampleRequest(request_id=request_id, logits=tensor, params=params)
+        if row_seeds is not None:
+            request.row_seeds.extend(row_seeds)
+        if row_positions is not None:
+            request.row_positions.extend(row_positions)
         if ready_event:
             request.ready_event = bytes(ready_event)
         options = _logprob_options(logprobs)
@@ -513,7 +551,7 @@ class Client:
 
     def sample_request(self, request: Any) -> SampleResult:
         """Sends a prepared samplerd.v1.SampleRequest."""
-        return SampleResult._from_pb(self._call(self._stub.Sample, request))
+        return _checked(request, SampleResult._from_pb(self._call(self._stub.Sample, request)))
 
     def stream(self) -> StreamSession:
         """Opens a stream session for a decode loop (one per engine, for its lifetime)."""
