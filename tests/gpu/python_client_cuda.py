@@ -126,6 +126,32 @@ def run(args, samplerd):
             got = c.sample(target, seed=seeds(batch), **PARAMS).tokens.tolist()
             check(got == want, "cuda_ready=%r orders the read (no synchronize by the caller)" % mode)
 
+    # 4a. The same storage again (a CUDA graph's static output): no new _share_cuda_(), and the
+    # server reads the storage's new contents.
+    shares = []
+    real_shared = samplerd._cuda.SharedStorage
+
+    def counting(*a, **k):
+        shares.append(1)
+        return real_shared(*a, **k)
+
+    samplerd._cuda.SharedStorage = counting
+    try:
+        static = torch.randn(batch, VOCAB, device=dev, generator=gen)
+        ok = True
+        for step in range(4):
+            static.copy_(torch.randn(batch, VOCAB, device=dev, generator=gen) * 3)
+            got = gpu.sample(static, seed=seeds(batch), position=step, **PARAMS).tokens.tolist()
+            ok &= got == cpu_tokens(cpu, static, position=step, **PARAMS)
+        other = torch.randn(batch, VOCAB, device=dev, generator=gen)
+        ok &= (gpu.sample(other, seed=seeds(batch), **PARAMS).tokens.tolist()
+               == cpu_tokens(cpu, other, **PARAMS))
+    finally:
+        samplerd._cuda.SharedStorage = real_shared
+    check(ok and len(shares) == 2,
+          "one storage 4 times, then another: %d _share_cuda_() calls (expected 2), tokens == CPU"
+          % len(shares))
+
     # 4b. Two clients of one process, both with CUDA tensors (region names must not collide).
     with samplerd.Client(args.gpu, cuda_ipc="always") as other:
         logits = torch.randn(batch, VOCAB, device=dev, generator=gen)

@@ -129,7 +129,7 @@ class SharedStorage:
 class Lease:
     """What one call holds until its reply: the shared storage and the tensor it read."""
 
-    def __init__(self, shared: SharedStorage, tensor: Any) -> None:
+    def __init__(self, shared: Optional[SharedStorage], tensor: Any) -> None:
         self._shared: Optional[SharedStorage] = shared
         self._tensor: Any = tensor  # a contiguous copy must live until the server read it
 
@@ -163,6 +163,10 @@ class CudaIpc:
         self._regions: "OrderedDict[Tuple[int, bytes, int, int], str]" = OrderedDict()
         self._server_device: Dict[int, str] = {}  # torch index -> the server's device id
         self._events: Dict[int, Tuple[Any, bytes]] = {}  # torch index -> (event, its handle)
+        # (storage, its _cdata, region name) of the last call: a decode loop that hands the same
+        # storage back (a CUDA graph's static output) skips _share_cuda_() and the release. The
+        # reference keeps that one storage alive until another storage comes or close().
+        self._last: Optional[Tuple[Any, int, str]] = None
         self._lock = threading.Lock()
 
     @property
@@ -224,16 +228,25 @@ class CudaIpc:
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
         with self._lock:
             device = self._match_device(torch, index)
-            shared = SharedStorage(torch, t)
+            storage = t.untyped_storage()
+            last = self._last
+            if last is not None and last[1] == storage._cdata:
+                # The storage of the previous call (kept alive by self._last, so its memory
+                # cannot have been freed and reused): its region is still the right one.
+                shared, name = None, last[2]
+            else:
+                shared, name = SharedStorage(torch, t), None
             lease = Lease(shared, t)
             try:
-                if shared.form != b"c":
+                if shared is not None and shared.form != b"c":
                     raise IpcUnavailable(
                         "PyTorch shares this tensor without a CUDA IPC handle (form %r: "
                         "expandable_segments is on); set PYTORCH_CUDA_ALLOC_CONF="
                         "expandable_segments:False to use GPU IPC" % shared.form
                     )
-                name = self._region_for(index, device, shared)
+                if shared is not None:
+                    name = self._region_for(index, device, shared)
+                    self._last = (storage, storage._cdata, name)
                 if self.ready == "event":
                     ready = self._ready_event(torch, t)
                 else:
@@ -280,6 +293,8 @@ class CudaIpc:
         self._reap_stale()
         while len(self._regions) >= self.max_regions:
             _, old = self._regions.popitem(last=False)
+            if self._last is not None and self._last[2] == old:
+                self._last = None
             self._unregister(old)
         region = pb.GpuIpcRegion(
             memory_handle=shared.handle,
@@ -311,5 +326,6 @@ class CudaIpc:
         with self._lock:
             names = list(self._regions.values())
             self._regions.clear()
+            self._last = None
         for name in names:
             self._unregister(name)
