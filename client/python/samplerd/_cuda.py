@@ -13,7 +13,7 @@ GPU IPC region instead of being copied to the host:
   interprocess CUDA event, one per device, is re-recorded each call on the tensor's current
   stream and sent as the request's ready event, which the server's stream waits for: the call
   goes out while the engine's forward is still running, and the request's Python and gRPC costs
-  overlap it (tests/bench/ENGINE_RESULTS.md, H200, same run: 8% more tokens/s than "sync" at
+  overlap it (tests/bench/ENGINE_RESULTS.md, H200, same run: 3-8% more tokens/s than "sync" at
   B=128 with top-k and top-p, equal with top-p alone). "sync" synchronizes the current stream
   before sending instead: ~140 us less per call when the GPU is idle already, but no overlap;
 - ``_share_cuda_()`` increments PyTorch's reference counter of the block (while it is non-zero
