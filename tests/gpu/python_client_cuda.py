@@ -126,6 +126,22 @@ def run(args, samplerd):
             got = c.sample(target, seed=seeds(batch), **PARAMS).tokens.tolist()
             check(got == want, "cuda_ready=%r orders the read (no synchronize by the caller)" % mode)
 
+    # 4. (cont.) With the stream idle the event has completed: the request carries none.
+    sent = []
+    real_sample_request = gpu.sample_request
+    gpu.sample_request = lambda request: sent.append(bytes(request.ready_event)) or \
+        real_sample_request(request)
+    idle = torch.randn(batch, VOCAB, device=dev, generator=gen)
+    torch.cuda.synchronize(dev)
+    got = gpu.sample(idle, seed=seeds(batch), **PARAMS).tokens.tolist()
+    torch.cuda._sleep(50_000_000)  # now busy: the event is still pending when sent
+    busy = gpu.sample(idle, seed=seeds(batch), **PARAMS).tokens.tolist()
+    del gpu.sample_request
+    want = cpu_tokens(cpu, idle, **PARAMS)
+    check(got == want and busy == want and sent[0] == b"" and len(sent[1]) == 64,
+          "ready event sent only while the stream is busy (sizes %s), tokens == CPU"
+          % [len(x) for x in sent])
+
     # 4a. The same storage again (a CUDA graph's static output): no new _share_cuda_(), and the
     # server reads the storage's new contents.
     shares = []

@@ -197,7 +197,10 @@ class CudaIpc:
         )
 
     def _ready_event(self, torch: Any, tensor: Any) -> bytes:
-        """Records this device's interprocess event on the tensor's current stream."""
+        """Records this device's interprocess event on the tensor's current stream; its handle,
+        or b"" when the event has completed already (the stream was idle: nothing to wait for,
+        and a fresh IPC event costs the server ~70 us or more to wait on, tests/bench/
+        ENGINE_RESULTS.md)."""
         index = tensor.device.index
         entry = self._events.get(index)
         if entry is None:
@@ -207,7 +210,7 @@ class CudaIpc:
             self._events[index] = entry
         else:
             entry[0].record(torch.cuda.current_stream(tensor.device))
-        return entry[1]
+        return b"" if entry[0].query() else entry[1]
 
     def prepare(self, logits: Any) -> Tuple[Any, bytes, Lease]:
         """(samplerd.v1.Tensor naming a region slice, ready event handle or b"", Lease).
