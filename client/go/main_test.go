@@ -5,7 +5,6 @@ package samplerd_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand"
 	"os"
@@ -22,22 +21,7 @@ import (
 // target is the running server's address.
 var target string
 
-func TestMain(m *testing.M) {
-	server, err := testserver.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	target = server.Target
-	code := m.Run()
-	if err := server.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testserver.Run(m, &target)) }
 
 // dial returns a client of the test server, closed when the test ends.
 func dial(t *testing.T, opts ...samplerd.Option) *samplerd.Client {

@@ -1,6 +1,5 @@
 #include "service/core/cpu_backend.h"
 
-#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_sampler.h"
@@ -83,10 +82,9 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
     }
   }
   if (io.output != nullptr) {
-    const size_t bytes = result->token_ids.size() * sizeof(int32_t);
-    if (!io.output_in_shm) {
-      std::memcpy(io.output, result->token_ids.data(), bytes);
-    } else if (!GuardedCopy(io.output, result->token_ids.data(), bytes)) {
+    // Host outputs are host shm regions, which their owner may truncate under us.
+    if (!GuardedCopy(io.output, result->token_ids.data(),
+                     result->token_ids.size() * sizeof(int32_t))) {
       return ShrunkShmError("the output region");
     }
   }

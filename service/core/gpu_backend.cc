@@ -305,9 +305,9 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   const char* src = static_cast<const char*>(io.logits);
   for (size_t at = 0; at < logits_bytes; at += kStageChunk) {
     const size_t len = std::min(kStageChunk, logits_bytes - at);
-    if (!io.logits_in_shm) {
-      std::memcpy(At<char>(pinned_in_.ptr, at), src + at, len);
-    } else if (!GuardedCopy(At<char>(pinned_in_.ptr, at), src + at, len)) {
+    // Guarded: host shm logits may be truncated by their owner under us (inline bytes never
+    // fault, and the guard costs a sigsetjmp per chunk).
+    if (!GuardedCopy(At<char>(pinned_in_.ptr, at), src + at, len)) {
       // The chunks already queued read pinned memory only; the next request waits for them.
       RETURN_IF_ERROR(Check(gpu::StreamSynchronize(stream_), "finishing the staged chunks"));
       return ShrunkShmError("the logits region");
@@ -372,11 +372,7 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
 
   const int32_t* token_ids = At<const int32_t>(pinned_out_.ptr, out.token_ids);
   if (io.output != nullptr && !io.output_on_device) {
-    if (!io.output_in_shm) {
-      std::memcpy(io.output, token_ids, token_bytes);
-    } else if (!GuardedCopy(io.output, token_ids, token_bytes)) {
-      return ShrunkShmError("the output region");
-    }
+    if (!GuardedCopy(io.output, token_ids, token_bytes)) return ShrunkShmError("the output region");
   }
   if (io.done_event != nullptr) {
     // A host output is written by now; the event completes at once (the stream is idle). The

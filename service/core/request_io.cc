@@ -116,7 +116,6 @@ absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const Validat
     }
     bound.io.output = view.data;
     bound.io.output_on_device = on_device;
-    bound.io.output_in_shm = view.kind == RegionKind::kHostShm;
   }
 
   if (!request.ready_event.empty() || !request.done_event.empty()) {

@@ -37,10 +37,10 @@ struct SampleIo {
   // GPU only, with `output`: an opened IPC event recorded after `output` is written. The sampler
   // then returns without waiting for the device, and `result` holds no tokens.
   void* done_event = nullptr;
-  // Host shm: the client may truncate the object under us, so these are accessed with
-  // GuardedCopy only (service/core/guarded_copy.h), never read in place.
+  // Host shm logits: the client may truncate the object under us, so backends read them with
+  // GuardedCopy only (service/core/guarded_copy.h), never in place. (Host outputs are always
+  // host shm and always written with GuardedCopy.)
   bool logits_in_shm = false;
-  bool output_in_shm = false;
 };
 
 // Samples validated batches on one device. Calls come from that device's executor thread, one

@@ -298,14 +298,7 @@ class StreamSession:
 
     def step(self, logits: Any, **kwargs: Any) -> SampleResult:
         """Samples one step; takes the same arguments as :meth:`Client.sample`."""
-        tensor, ready, lease = self._client._logits_tensor(logits)
-        try:
-            return self.step_request(
-                self._client.make_request(tensor=tensor, ready_event=ready, **kwargs)
-            )
-        finally:
-            if lease is not None:
-                lease.release()
+        return self._client._send_logits(logits, self.step_request, **kwargs)
 
     def step_request(self, request: Any) -> SampleResult:
         """Sends a prepared samplerd.v1.SampleRequest as the next step and waits for its answer."""
@@ -504,23 +497,26 @@ class Client:
         Raises:
             SamplerError: the server's code (INVALID_ARGUMENT, UNAVAILABLE, ...) and message.
         """
+        return self._send_logits(
+            logits,
+            self.sample_request,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            position=position,
+            logprobs=logprobs,
+            request_id=request_id,
+            joint_top_p=joint_top_p,
+        )
+
+    def _send_logits(self, logits: Any, send: Any, **kwargs: Any) -> SampleResult:
+        """Builds the request for ``logits`` (by GPU IPC for CUDA tensors), ``send``s it (a
+        unary call or a stream step) and gives the tensor's lease back after the reply."""
         tensor, ready, lease = self._logits_tensor(logits)
         try:
-            return self.sample_request(
-                self.make_request(
-                    tensor=tensor,
-                    ready_event=ready,
-                    temperature=temperature,
-                    top_k=top_k,
-                    top_p=top_p,
-                    min_p=min_p,
-                    seed=seed,
-                    position=position,
-                    logprobs=logprobs,
-                    request_id=request_id,
-                    joint_top_p=joint_top_p,
-                )
-            )
+            return send(self.make_request(tensor=tensor, ready_event=ready, **kwargs))
         finally:
             if lease is not None:
                 lease.release()

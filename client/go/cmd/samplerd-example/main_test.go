@@ -14,20 +14,7 @@ import (
 
 var target string
 
-func TestMain(m *testing.M) {
-	server, err := testserver.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	target = server.Target
-	code := m.Run()
-	if err := server.Stop(); err != nil && code == 0 {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testserver.Run(m, &target)) }
 
 var tokensLine = regexp.MustCompile(`(?m)^tokens: \[([0-9 ]*)\]$`)
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"syscall"
+	"testing"
 	"time"
 
 	samplerd "samplerd.dev/client/go"
@@ -114,4 +115,25 @@ func (s *Server) kill() {
 	_ = s.cmd.Process.Kill()
 	<-s.exited
 	os.RemoveAll(s.dir)
+}
+
+// Run is a package's TestMain body: it starts a server, sets *target to its address, runs the
+// tests, stops the server and returns the exit code (non-zero also when the server misbehaved).
+//
+//	func TestMain(m *testing.M) { os.Exit(testserver.Run(m, &target)) }
+func Run(m *testing.M, target *string) int {
+	server, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	*target = server.Target
+	code := m.Run()
+	if err := server.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
 }
