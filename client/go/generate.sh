@@ -2,7 +2,7 @@
 # Generates the Go code of proto/samplerd/v1/sampler.proto (messages and the SamplerService
 # client) into the git-ignored client/go/samplerdv1/, the package the proto's go_package names
 # ("samplerd.dev/client/go/samplerdv1"). Uses the system protoc with Debian's protoc-gen-go and
-# protoc-gen-go-grpc (see shared/TOOLCHAIN.md, "Go clients (offline)"). test.sh runs it.
+# protoc-gen-go-grpc (see docs/TOOLCHAIN.md, "Go clients (offline)"). test.sh runs it.
 #
 #   client/go/generate.sh
 #

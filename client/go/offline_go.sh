@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the go tool on this module offline, against Debian's Go packages in /usr/share/gocode
-# (shared/TOOLCHAIN.md, "Go clients (offline)"): writes an alternate go.mod (go.mod plus
+# (docs/TOOLCHAIN.md, "Go clients (offline)"): writes an alternate go.mod (go.mod plus
 # `replace` lines for them, and empty stub modules for those grpc's go.mod lists but Debian
 # lacks) and the Go caches into GO_BUILD_DIR, then runs `go "$@"` in client/go with it.
 #

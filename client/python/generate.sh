@@ -2,7 +2,7 @@
 # Generates the Python stubs (and .pyi) of proto/samplerd/v1/sampler.proto into the git-ignored
 # client/python/samplerd/v1/ (a subpackage of the hand-written `samplerd` package, matching the
 # generated `from samplerd.v1 import ...` imports), with the system protoc and Debian's
-# grpc_python_plugin (see shared/TOOLCHAIN.md, "Python clients"). Run it before importing
+# grpc_python_plugin (see docs/TOOLCHAIN.md, "Python clients"). Run it before importing
 # `samplerd`; deploy/local/test.sh python-client does.
 #
 #   client/python/generate.sh

@@ -1,6 +1,6 @@
 // Philox4x32-10 counter-based RNG and the Gumbel noise every sampler backend draws with.
 //
-// Backend agreement (shared/DESIGN.md) requires the CPU reference, the HIP kernels and the CUDA
+// Backend agreement (docs/DESIGN.md) requires the CPU reference, the HIP kernels and the CUDA
 // build of those kernels to perturb token j of a row with exactly the same noise, so this header
 // is the single definition of the stream. It compiles as host and device code: nothing from the
 // standard library beyond <cstdint> (and the C math `logf`, which nvcc and hipcc provide on the

@@ -1,7 +1,7 @@
 // Plain types shared by every sampler backend (CPU reference, HIP/CUDA kernels).
 //
 // This header is included from host and device code: no standard-library containers, no
-// gRPC, protobuf or Abseil. Semantics are those of shared/DESIGN.md ("Sampling semantics").
+// gRPC, protobuf or Abseil. Semantics are those of docs/DESIGN.md ("Sampling semantics").
 #ifndef SAMPLERD_KERNELS_COMMON_SAMPLING_TYPES_H_
 #define SAMPLERD_KERNELS_COMMON_SAMPLING_TYPES_H_
 

@@ -1,5 +1,5 @@
 // Logprob outputs of the CPU sampler: per-token log-probabilities, the sampled token's rank and
-// the top-N list (shared/DESIGN.md step 7). Internal to kernels/cpu; computed in double, stored
+// the top-N list (docs/DESIGN.md step 7). Internal to kernels/cpu; computed in double, stored
 // as float.
 #ifndef SAMPLERD_KERNELS_CPU_CPU_LOGPROBS_H_
 #define SAMPLERD_KERNELS_CPU_CPU_LOGPROBS_H_

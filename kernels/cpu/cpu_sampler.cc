@@ -1,4 +1,4 @@
-// CPU reference sampler: shared/DESIGN.md "Sampling semantics", one row at a time.
+// CPU reference sampler: docs/DESIGN.md "Sampling semantics", one row at a time.
 //
 // Written to be read next to the spec, not to be fast: every filter is a plain pass over the row
 // (the k-th value and the top-p mass come from one sort by z), and every reduction that can move a

@@ -1,4 +1,4 @@
-// CPU reference sampler: the exact semantics of shared/DESIGN.md, written to be obviously right.
+// CPU reference sampler: the exact semantics of docs/DESIGN.md, written to be obviously right.
 //
 // It is the CPU backend of the server and the oracle the GPU kernels are tested against, so it
 // favours clarity over speed (it sorts where a kernel would select). Pure C++: no gRPC, protobuf

@@ -1,7 +1,7 @@
 // Matching a request's `device` field against the device a backend samples on.
 //
 // Devices are named by PCI bus id or UUID, never by ordinal (ordinals differ between containers
-// and visibility settings; shared/DESIGN.md "Device matching").
+// and visibility settings; docs/DESIGN.md "Device matching").
 #ifndef SAMPLERD_SERVICE_CORE_DEVICE_MATCH_H_
 #define SAMPLERD_SERVICE_CORE_DEVICE_MATCH_H_
 

@@ -1,6 +1,6 @@
 // Host POSIX shared memory for regions: key checks and page-aligned mappings of a byte range.
 //
-// shared/DESIGN.md "Transports and GPU rules": keys start with a configured prefix and hold no
+// docs/DESIGN.md "Transports and GPU rules": keys start with a configured prefix and hold no
 // further '/' and no ".."; the object's size comes from fstat and bounds are checked without
 // overflow; the mapping starts at the page holding `offset`; the descriptor is closed as soon as
 // the object is mapped. Error messages never echo the key.

@@ -1,7 +1,7 @@
 // Named shared-memory regions that requests may reference instead of sending bytes: host POSIX
 // shared memory, and GPU memory exported by another process through an IPC handle.
 //
-// Contract (issue #4, shared/DESIGN.md "Transports and GPU rules"): names are unique
+// Contract (issue #4, docs/DESIGN.md "Transports and GPU rules"): names are unique
 // (ALREADY_EXISTS) and unknown names are NOT_FOUND; host shm keys must start with the configured
 // prefix and hold no further '/' and no ".."; bounds are checked overflow-safely against the
 // object's real size; GPU IPC handles are exactly 64 bytes (or PyTorch's 66-byte shareable form,

@@ -1,4 +1,4 @@
-// CpuSampleRows: greedy, temperature, min-p, top-k and top-p rules of shared/DESIGN.md.
+// CpuSampleRows: greedy, temperature, min-p, top-k and top-p rules of docs/DESIGN.md.
 //
 // Each rule test states the allowed set worked out by hand from the spec, checks that the test
 // reference (sampler_test_util.h) agrees, then draws at many positions: every token must be the

@@ -1,4 +1,4 @@
-// Statistical and invariance properties of CpuSampleRows (shared/DESIGN.md "Testing"):
+// Statistical and invariance properties of CpuSampleRows (docs/DESIGN.md "Testing"):
 // support never violated, chi-square fit to the exact renormalised distribution, reproducibility
 // by seed and position, and batch invariance. Fixed seeds throughout, so results are stable.
 #include <gtest/gtest.h>

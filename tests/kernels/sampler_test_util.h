@@ -1,5 +1,5 @@
 // Test helpers for the CPU sampler: run rows through CpuSampleRows, and an independent reference
-// of the sampling semantics (shared/DESIGN.md) to compare against.
+// of the sampling semantics (docs/DESIGN.md) to compare against.
 //
 // The reference deliberately avoids the sampler's structure: no sorting, O(V^2) pairwise
 // counting for top-k and top-p, min-p in its softmax form (exp(z_j - mx) >= m) in double. Tests
