@@ -1,0 +1,132 @@
+/* samplerd device sessions: the memory layout and the per-step protocol (API v1).
+ *
+ * A device session (SamplerService.DeviceSession in sampler.proto) is a per-step data plane with
+ * no RPC per step. The engine owns five buffers, registers them as regions (RegisterRegion) and
+ * names them in DeviceSessionOpen. Each step is then a handful of operations on the engine's
+ * own GPU stream; the gRPC stream only opens, holds and closes the session.
+ *
+ * This header is plain C (C99 and C++), with no dependencies, so that an engine in any language
+ * can be written from it and sampler.proto alone. All integers are little-endian.
+ *
+ * Planes. Where the buffers live decides who samples:
+ *   GPU plane:  every buffer is GPU memory (GPU IPC regions on the server's GPU). The server's
+ *               stream waits on the doorbell in device memory and samples with the GPU kernels.
+ *               The engine's side is stream memory operations only, capturable in a CUDA graph.
+ *   host plane: every buffer is host shared memory (host shm regions). The engine copies its
+ *               logits and parameters into them on its own stream (pinned with cudaHostRegister
+ *               / hipHostRegister), rings, and its stream waits on the done flag in host memory.
+ *               The server's CPU threads poll the doorbell and sample. The GPU never switches to
+ *               the server's context: the cheapest plane for small batches without MPS.
+ *
+ * Buffers (each one a RegionSlice of DeviceSessionOpen; M = max_batch, V = vocab, S = row
+ * stride in elements, S >= V):
+ *   control     SAMPLERD_CONTROL_BYTES, aligned to 64: struct samplerd_control below.
+ *   logits      [M, S] elements of the session's dtype, aligned to the element size.
+ *   params      samplerd_params_bytes(M), aligned to 8: per-row parameters, one array per field
+ *               (struct of arrays, so that an engine copies its per-field tensors as they are):
+ *                 offset 0        uint64  seed[M]         Philox key of the row
+ *                 offset  8*M     uint64  position[M]     Philox counter of the row
+ *                 offset 16*M     float   temperature[M]  >= 0; < 1e-5 (compared in float32) = greedy
+ *                 offset 20*M     int32   top_k[M]        0 or -1 = off; < -1 invalid
+ *                 offset 24*M     float   top_p[M]        (0, 1]; 1 = off
+ *                 offset 28*M     float   min_p[M]        [0, 1]; 0 = off
+ *                 offset 32*M     int32   top_p_mode[M]   TopPMode: 0 or 1 = TOP_K_FIRST, 2 = JOINT
+ *               The semantics are SamplingParams' (sampler.proto). There is no server-chosen
+ *               seed: the engine always supplies seed and position.
+ *   token_ids   int32[M], aligned to 4: the sampled token of row i, or -1.
+ *   row_status  int32[M], aligned to 4: RowStatus values of sampler.proto (1 = OK, 2 = NaN in
+ *               the row, 3 = no finite logit, 4 = invalid parameters).
+ *   sampled_logprobs (optional) float[M], aligned to 4: the sampled token's logprob, from the
+ *               source named in DeviceSessionOpen.logprob_source; -inf for invalid rows.
+ * No two buffers may overlap. Only rows [0, B) of a step are read or written.
+ *
+ * One step, engine side, in stream order (every value below is fixed, so a CUDA graph can hold
+ * the whole sequence and replay it):
+ *   1. write logits rows [0, B) and params rows [0, B); write control.batch = B;
+ *   2. write control.doorbell = SAMPLERD_RING                 (cuStreamWriteValue32, default flags:
+ *                                                               the write is fenced after 1.)
+ *   3. wait until control.done == SAMPLERD_DONE               (cuStreamWaitValue32, EQ)
+ *   4. write control.done = 0                                 (cuStreamWriteValue32)
+ *   5. read token_ids, row_status (and sampled_logprobs) rows [0, B); check control.step_status.
+ * Server side, per step: wait doorbell == SAMPLERD_RING; write doorbell = 0; validate batch and
+ * every row's parameters (a bad row gets ROW_STATUS 4 and token -1, its neighbours are
+ * unaffected); sample; write the outputs and step_status; increment steps_done; write
+ * done = SAMPLERD_DONE. The server keeps steps enqueued ahead, so step 3 starts at once.
+ *
+ * Faults. control.step_status says how the step ended:
+ *   SAMPLERD_STEP_OK         the outputs hold rows [0, B);
+ *   SAMPLERD_STEP_BAD_BATCH  B was 0 or above max_batch: nothing was sampled;
+ *   SAMPLERD_STEP_ABORTED    the session ended (the server drains or closed it, or the client
+ *                            library saw the server go away and released the wait itself):
+ *                            no outputs; the engine must not ring again.
+ * When the session ends, the server writes step_status = ABORTED and done = SAMPLERD_DONE so
+ * that a pending engine wait completes. If the server dies instead, the client library (which
+ * watches the gRPC stream) writes the same two words itself, within 1 s.
+ */
+#ifndef SAMPLERD_V1_DEVICE_SESSION_H_
+#define SAMPLERD_V1_DEVICE_SESSION_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Flag values. Each flag is reset to 0 by the side that consumes it. */
+#define SAMPLERD_RING 1u
+#define SAMPLERD_DONE 1u
+
+/* control.step_status values. */
+#define SAMPLERD_STEP_OK 0u
+#define SAMPLERD_STEP_BAD_BATCH 1u
+#define SAMPLERD_STEP_ABORTED 2u
+
+/* Row status values written to row_status (sampler.proto's RowStatus numbers). */
+#define SAMPLERD_ROW_OK 1
+#define SAMPLERD_ROW_INVALID_NAN 2
+#define SAMPLERD_ROW_INVALID_NO_FINITE 3
+#define SAMPLERD_ROW_INVALID_PARAMS 4
+
+#define SAMPLERD_CONTROL_BYTES 256u
+#define SAMPLERD_CONTROL_ALIGN 64u
+#define SAMPLERD_PARAMS_ALIGN 8u
+
+/* The control block: engine-written words and server-written words in separate 64-byte lines,
+ * so that neither side's polling touches the other's line. */
+struct samplerd_control {
+  /* Line 0, written by the engine. */
+  uint32_t doorbell; /* offset 0: SAMPLERD_RING when a step is ready; the server resets it */
+  uint32_t batch;    /* offset 4: B of the ringing step, 1..max_batch */
+  uint32_t engine_reserved[14];
+  /* Line 1, written by the server (and by the client library when the server is gone). */
+  uint32_t done;        /* offset 64: SAMPLERD_DONE when the step's outputs are written */
+  uint32_t step_status; /* offset 68: SAMPLERD_STEP_* of the last step */
+  uint32_t steps_done;  /* offset 72: steps completed by the server, mod 2^32 (diagnostics) */
+  uint32_t server_reserved[13];
+  /* Lines 2-3: reserved, zero. */
+  uint32_t reserved[32];
+};
+
+/* Byte offsets of the control words. */
+#define SAMPLERD_CONTROL_DOORBELL 0u
+#define SAMPLERD_CONTROL_BATCH 4u
+#define SAMPLERD_CONTROL_DONE 64u
+#define SAMPLERD_CONTROL_STEP_STATUS 68u
+#define SAMPLERD_CONTROL_STEPS_DONE 72u
+
+/* Byte offsets of the params arrays for max_batch M, and the size of the whole buffer. */
+static inline uint64_t samplerd_params_seed_offset(uint32_t m) { (void)m; return 0; }
+static inline uint64_t samplerd_params_position_offset(uint32_t m) { return 8ull * m; }
+static inline uint64_t samplerd_params_temperature_offset(uint32_t m) { return 16ull * m; }
+static inline uint64_t samplerd_params_top_k_offset(uint32_t m) { return 20ull * m; }
+static inline uint64_t samplerd_params_top_p_offset(uint32_t m) { return 24ull * m; }
+static inline uint64_t samplerd_params_min_p_offset(uint32_t m) { return 28ull * m; }
+static inline uint64_t samplerd_params_top_p_mode_offset(uint32_t m) { return 32ull * m; }
+static inline uint64_t samplerd_params_bytes(uint32_t m) { return 36ull * m; }
+
+#ifdef __cplusplus
+} /* extern "C" */
+static_assert(sizeof(samplerd_control) == SAMPLERD_CONTROL_BYTES, "control block layout");
+#endif
+
+#endif /* SAMPLERD_V1_DEVICE_SESSION_H_ */
