@@ -10,6 +10,9 @@ client/python/generate.sh; never committed)::
         result = client.sample(logits, temperature=0.8, top_k=50, top_p=0.9, seed=1)
         result.tokens            # numpy int32 [B]
 
+        with client.device_session(max_batch=8, vocab=V) as s:    # no RPC per step
+            tokens, status = s.sample(logits, temperature=0.8, seeds=seeds, positions=step)
+
 Errors are raised as :class:`SamplerError`, which carries the gRPC ``code`` and ``message``.
 numpy is required; torch is optional and imported only when a torch tensor is passed.
 """
@@ -22,9 +25,11 @@ from ._client import (
     SamplerError,
     StreamSession,
 )
+from ._device_session import DeviceSession
 
 __all__ = [
     "Client",
+    "DeviceSession",
     "HostShmRegion",
     "RowLogprobs",
     "SampleResult",

@@ -390,6 +390,7 @@ class Client:
         self._shm: Dict[str, HostShmRegion] = {}
         self._lock = threading.Lock()
         self._info: Any = None
+        self._device_sessions: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._cuda = CudaIpc(
             self._call, self._stub, self._cached_server_info, max_cuda_regions, cuda_ready
         )
@@ -553,6 +554,32 @@ class Client:
         """Opens a stream session for a decode loop (one per engine, for its lifetime)."""
         return StreamSession(self)
 
+    def device_session(
+        self,
+        max_batch: int = 128,
+        vocab: int = 151936,
+        dtype: Any = "float32",
+        plane: str = "auto",
+        logprobs: Union[bool, str] = False,
+        device: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Opens a device session: a per-step data plane with no RPC per step.
+
+        ``device=None`` gives a numpy session (host plane, numpy logits); a CUDA device (or
+        ``plane="gpu"``) a torch session whose sample() only enqueues on the current stream.
+        ``plane``: "auto", "host" or "gpu"; ``logprobs``: False, True / "raw", "processed".
+        Keywords: ``host_plane_max_batch`` (auto: B up to it on the host plane), ``step_timeout``
+        and ``close_timeout`` (seconds). See samplerd/_device_session.py.
+
+        Raises:
+            SamplerError: the server's refusal of the open (FAILED_PRECONDITION for a plane it
+                cannot serve, RESOURCE_EXHAUSTED over --max_device_sessions, ...).
+        """
+        from ._device_session import DeviceSession
+
+        return DeviceSession(self, max_batch, vocab, dtype, plane, logprobs, device, **kwargs)
+
     # --- regions --------------------------------------------------------------------------------
 
     def register_host_shm(
@@ -671,6 +698,8 @@ class Client:
         self._cuda.close()
 
     def _release_regions(self) -> None:
+        for session in list(self._device_sessions):
+            session.close()
         with self._lock:
             regions = list(self._shm.values())
         for region in regions:

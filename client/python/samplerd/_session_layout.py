@@ -1,0 +1,107 @@
+"""Where a device session's buffers lie in one allocation (proto/samplerd/v1/device_session.h).
+
+The Python client puts a session's six buffers (control block, logits, params, token ids, row
+statuses, optional sampled logprobs) in one allocation, one region: a host shm object for the
+host plane, one CUDA allocation for the GPU plane. Each buffer starts at a multiple of
+``ALIGN`` bytes (more than any alignment the header asks for), in this order, with no overlap.
+The constants mirror the header's; keep them equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+# Flag values and step statuses (SAMPLERD_* in device_session.h).
+RING = 1
+DONE = 1
+STEP_OK = 0
+STEP_BAD_BATCH = 1
+STEP_ABORTED = 2
+ROW_OK = 1
+ROW_INVALID_PARAMS = 4
+
+CONTROL_BYTES = 256
+# Byte offsets of the control words, and their indices in a uint32 view of the block.
+DOORBELL = 0
+BATCH = 4
+DONE_WORD = 64
+STEP_STATUS = 68
+STEPS_DONE = 72
+
+#: Every buffer of the allocation starts at a multiple of this (bytes).
+ALIGN = 256
+
+#: TopPMode values of sampler.proto, by the names sample() accepts.
+TOP_P_MODES = {"top_k_first": 1, "joint": 2}
+
+
+def params_offsets(max_batch: int) -> dict:
+    """Byte offsets of the params arrays for max_batch M (samplerd_params_*_offset)."""
+    m = max_batch
+    return {
+        "seed": 0,
+        "position": 8 * m,
+        "temperature": 16 * m,
+        "top_k": 20 * m,
+        "top_p": 24 * m,
+        "min_p": 28 * m,
+        "top_p_mode": 32 * m,
+    }
+
+
+def params_bytes(max_batch: int) -> int:
+    """Size of the params buffer (samplerd_params_bytes)."""
+    return 36 * max_batch
+
+
+def _up(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Byte offsets of one session's buffers in its allocation, and the allocation's size."""
+
+    max_batch: int
+    vocab: int
+    itemsize: int  # bytes per logit
+    control: int
+    logits: int
+    params: int
+    token_ids: int
+    row_status: int
+    sampled_logprobs: Optional[int]  # None: no logprobs buffer
+    total: int
+
+    @classmethod
+    def of(cls, max_batch: int, vocab: int, itemsize: int, logprobs: bool) -> "Layout":
+        if max_batch < 1 or vocab < 1:
+            raise ValueError(f"expected max_batch >= 1 and vocab >= 1, got {max_batch}, {vocab}")
+        at = 0
+        control, at = at, _up(at + CONTROL_BYTES)
+        logits, at = at, _up(at + max_batch * vocab * itemsize)
+        params, at = at, _up(at + params_bytes(max_batch))
+        token_ids, at = at, _up(at + 4 * max_batch)
+        row_status, at = at, _up(at + 4 * max_batch)
+        sampled = None
+        if logprobs:
+            sampled, at = at, _up(at + 4 * max_batch)
+        return cls(max_batch, vocab, itemsize, control, logits, params, token_ids, row_status,
+                   sampled, at)
+
+    def slices(self, pb, region: str):
+        """DeviceSessionOpen's RegionSlice fields (a dict) for a region holding this layout."""
+        out = {
+            name: pb.RegionSlice(region=region, offset=offset)
+            for name, offset in (
+                ("control", self.control),
+                ("logits", self.logits),
+                ("params", self.params),
+                ("token_ids", self.token_ids),
+                ("row_status", self.row_status),
+                ("sampled_logprobs", self.sampled_logprobs),
+            )
+            if offset is not None
+        }
+        return out
