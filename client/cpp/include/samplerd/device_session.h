@@ -1,0 +1,230 @@
+// samplerd::DeviceSession: a per-step data plane with no RPC per step (SamplerService.
+// DeviceSession; layout and protocol in samplerd/v1/device_session.h, installed beside this
+// header).
+//
+// Host plane (any server; the engine's GPU never switches to the server's context):
+//
+//   samplerd::DeviceSessionOptions options;
+//   options.max_batch = 32;
+//   options.vocab = 151936;
+//   std::unique_ptr<samplerd::DeviceSession> session;
+//   grpc::Status status = samplerd::DeviceSession::Open(&client, options, &session);
+//   // CPU engine: fill session->logits() and session->params() rows [0, B), then
+//   status = session->StepOnHost(B);            // tokens in session->token_ids()[0, B)
+//   // GPU engine: cudaMemcpyAsync the logits and params into the same pointers on `stream`
+//   // (the buffers are pinned for the GPU at the first EnqueueStep), then
+//   status = session->EnqueueStep(stream, B);  // ring, wait, reset: stream ops only
+//   // after the stream passes that point, token_ids() and row_status() hold the step's rows.
+//   status = session->Close();
+//
+// GPU plane (a GPU server; pays two GPU context switches per step without CUDA MPS, see
+// docs/DEVICE_SESSIONS.md): the client cannot allocate device memory (it links no GPU
+// runtime), so the engine allocates the buffers and passes their device pointers and IPC
+// handles in DeviceSessionOptions::gpu; ComputeDeviceSessionLayout() gives one allocation's
+// offsets. Every pointer the session hands out is then a device pointer.
+//
+// Errors follow samplerd/client.h: grpc::Status values, messages "expected X, got Y".
+#ifndef SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_DEVICE_SESSION_H_
+#define SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_DEVICE_SESSION_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "samplerd/client.h"
+#include "samplerd/host_shm_buffer.h"
+#include "samplerd/v1/device_session.h"
+#include "samplerd/v1/sampler.grpc.pb.h"
+
+namespace samplerd {
+
+// Where a session's buffers live, and so who samples (device_session.h, "Planes").
+enum class SessionPlane { kHost, kGpu };
+
+// Which GPU runtime EnqueueStep (and the GPU plane) drives. kAuto: the one the process has
+// loaded already (libcuda.so.1 or libamdhip64.so), else CUDA if installed, else HIP.
+enum class GpuRuntime { kAuto, kCuda, kHip };
+
+// One engine-owned GPU buffer: its device pointer, and the IPC memory handle (64 bytes, e.g.
+// cudaIpcMemHandle_t) of the allocation it lies in, `offset` bytes from that allocation's base.
+struct GpuBuffer {
+  void* device_ptr = nullptr;
+  std::string ipc_handle;
+  uint64_t offset = 0;
+};
+
+// GPU-plane buffers (sizes and alignment: ComputeDeviceSessionLayout). Buffers with the same
+// ipc_handle are registered as one region.
+struct GpuBuffers {
+  std::string device;  // the GPU's PCI bus id or UUID, as GetServerInfo lists it
+  GpuBuffer control, logits, params, token_ids, row_status;
+  GpuBuffer sampled_logprobs;  // only with DeviceSessionOptions::logprobs
+};
+
+// What to open.
+struct DeviceSessionOptions {
+  uint32_t max_batch = 0;   // M: most rows of one step, 1..Limits.max_batch
+  uint32_t vocab = 0;       // V
+  uint64_t row_stride = 0;  // elements between logits rows; 0 = V
+  v1::DType dtype = v1::DTYPE_FP32;
+  SessionPlane plane = SessionPlane::kHost;
+  // Also write each row's sampled-token logprob (float32) to sampled_logprobs().
+  bool logprobs = false;
+  v1::LogprobSource logprob_source = v1::LOGPROB_SOURCE_RAW;
+  // Host plane: the POSIX shm key of the session's buffers (one object). Empty:
+  // "/samplerd-ds-<pid>-<n>". Must start with the server's --shm_prefix.
+  std::string shm_key;
+  // GPU plane: the engine's buffers.
+  GpuBuffers gpu;
+  GpuRuntime gpu_runtime = GpuRuntime::kAuto;
+  // How long Open waits for the server's answer.
+  std::chrono::milliseconds open_timeout{10000};
+};
+
+// Byte offsets of the six buffers in one allocation (each aligned to 256 bytes) and its size.
+struct DeviceSessionLayout {
+  uint64_t control = 0, logits = 0, params = 0, token_ids = 0, row_status = 0;
+  uint64_t sampled_logprobs = 0;  // meaningful only with logprobs
+  uint64_t total_bytes = 0;
+};
+
+// The layout of one allocation holding every buffer of a session with `options` (max_batch,
+// vocab, row_stride, dtype, logprobs). The host plane uses it for its shm object; a GPU engine
+// may allocate total_bytes once and pass base + offset for each buffer.
+DeviceSessionLayout ComputeDeviceSessionLayout(const DeviceSessionOptions& options);
+
+// Pointers to the per-row parameter arrays (device_session.h, "params"); rows [0, max_batch).
+struct DeviceSessionParams {
+  uint64_t* seed = nullptr;
+  uint64_t* position = nullptr;
+  float* temperature = nullptr;   // < 1e-5: greedy
+  int32_t* top_k = nullptr;       // 0 or -1: off
+  float* top_p = nullptr;         // 1: off
+  float* min_p = nullptr;         // 0: off
+  int32_t* top_p_mode = nullptr;  // v1::TopPMode
+};
+
+// One open device session. A thread of the session holds the gRPC stream; when the stream ends
+// without Close (the server died, drained or closed it), that thread writes step_status
+// ABORTED and done into the control block, so that no pending wait (StepOnHost's, or an
+// engine stream's after EnqueueStep) hangs. Not thread-safe: one step at a time.
+class DeviceSession {
+ public:
+  // Opens a session through `client` (which must outlive Open only; the session keeps the
+  // channel). Host plane: creates and registers the shm object, fills every row's parameters
+  // with defaults (greedy off: temperature 1, no filters, seed 0, position 0). GPU plane:
+  // registers options.gpu's buffers (the engine initialises them). Returns OK and stores the
+  // session in *session, or the server's code for the open (e.g. FAILED_PRECONDITION for a
+  // plane it cannot serve), DEADLINE_EXCEEDED after options.open_timeout, or INVALID_ARGUMENT
+  // for options the client can check itself.
+  static grpc::Status Open(Client* client, const DeviceSessionOptions& options,
+                           std::unique_ptr<DeviceSession>* session);
+
+  // Closes the session if still open (see Close), then frees the buffers it allocated.
+  ~DeviceSession();
+  DeviceSession(const DeviceSession&) = delete;
+  DeviceSession& operator=(const DeviceSession&) = delete;
+
+  // The buffers, rows [0, max_batch): host pointers (host plane) or the engine's device
+  // pointers (GPU plane). logits() holds max_batch rows of row_stride elements of dtype.
+  void* logits() const { return logits_; }
+  DeviceSessionParams params() const { return params_; }
+  int32_t* token_ids() const { return token_ids_; }
+  int32_t* row_status() const { return row_status_; }
+  float* sampled_logprobs() const { return sampled_logprobs_; }  // null without logprobs
+  samplerd_control* control() const { return control_; }
+
+  const std::string& session_id() const { return session_id_; }
+  SessionPlane plane() const { return options_.plane; }
+  const DeviceSessionOptions& options() const { return options_; }
+
+  // Host plane, from the host: rings for `batch` rows, spin-waits for the server, resets done.
+  // Returns OK when token_ids() and row_status() hold rows [0, batch); INVALID_ARGUMENT for a
+  // batch outside [1, max_batch] (nothing is rung); ABORTED (with the stream's final status)
+  // when the session has ended, now or before. FAILED_PRECONDITION on the GPU plane.
+  grpc::Status StepOnHost(int batch);
+
+  // Enqueues one step on `stream` (a cudaStream_t / hipStream_t, or null for the default
+  // stream): write batch, ring, wait for done, reset done; every value fixed, so the sequence
+  // can be captured in a CUDA graph and replayed (for the same batch). The engine enqueues its
+  // logits and params writes before it and reads the outputs after it. The first call on the
+  // host plane page-locks the shm object for the GPU (cudaHostRegister semantics) on the
+  // calling thread's current device. Returns an error when the GPU runtime cannot be used or
+  // the session has ended. Check step_status() (or ok rows) after the stream passes the step.
+  grpc::Status EnqueueStep(void* stream, int batch);
+
+  // The control block's step_status of the last step (SAMPLERD_STEP_*), host plane only (on the
+  // GPU plane the engine reads control()->step_status from device memory itself).
+  uint32_t step_status() const;
+
+  // Sends close, waits for the server to end the call, unregisters the regions. Returns the
+  // call's final status (OK for a clean close). Idempotent. Do not close while an enqueued step
+  // is pending on a stream: the server completes it with ABORTED.
+  grpc::Status Close();
+
+  // Whether the stream is still open (not closed, not ended by the server).
+  bool open() const;
+
+ private:
+  DeviceSession() = default;
+  grpc::Status Start(Client* client, const DeviceSessionOptions& options);
+  grpc::Status AllocateHostBuffers(Client* client);
+  grpc::Status UseGpuBuffers(Client* client);
+  grpc::Status OpenStream(const v1::DeviceSessionOpen& open);
+  // The stream thread: reads `opened`, then waits for the end of the call.
+  void Watch();
+  // Completes any pending engine wait with ABORTED (control block words).
+  void ReleaseWaits();
+  void Unregister();
+  grpc::Status EndedStatus() const;
+
+  DeviceSessionOptions options_;
+  DeviceSessionLayout layout_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::SamplerService::Stub> stub_;
+  std::vector<std::string> regions_;  // registered by this session
+  struct GpuRegion {
+    std::string handle;  // the allocation's IPC handle
+    uint64_t base = 0;   // the region's start from the allocation's base
+  };
+  std::vector<GpuRegion> gpu_regions_;  // GPU plane: parallel to regions_
+
+  std::unique_ptr<HostShmBuffer> shm_;  // host plane
+  samplerd_control* control_ = nullptr;
+  void* logits_ = nullptr;
+  DeviceSessionParams params_;
+  int32_t* token_ids_ = nullptr;
+  int32_t* row_status_ = nullptr;
+  float* sampled_logprobs_ = nullptr;
+
+  // GPU side (EnqueueStep, GPU-plane aborts); resolved at first use.
+  const void* gpu_ops_ = nullptr;  // internal::GpuStreamOps
+  uint64_t control_device_address_ = 0;
+  bool host_pinned_ = false;
+  void* gpu_context_ = nullptr;  // internal::GpuContext, GPU plane only
+  int gpu_device_ = -1;
+
+  // The stream, its thread and what it saw.
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DeviceSessionRequest, v1::DeviceSessionResponse>>
+      stream_;
+  std::thread watcher_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  bool opened_ = false;        // the server answered `opened`
+  bool ended_ = false;         // the call ended (Finish ran)
+  bool close_sent_ = false;    // Close wrote close + WritesDone
+  grpc::Status final_status_;  // once ended_
+  std::string session_id_;
+};
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_DEVICE_SESSION_H_

@@ -1,0 +1,183 @@
+// samplerd::DeviceSession (C++ client) against the real samplerd binary (CPU backend), host
+// plane, stepping from the host: tokens equal to unary Sample's over 200 steps of varying B,
+// seeded draws, an invalid parameter row, the client's own checks, close, and a server killed
+// mid-session (the pending wait ends with ABORTED, no hang).
+#include <signal.h>
+
+#include <cstring>
+#include <vector>
+
+#include "samplerd/device_session.h"
+#include "tests/integration/integration_fixture.h"
+
+namespace samplerd::integration {
+namespace {
+
+using C = grpc::StatusCode;
+
+constexpr uint32_t kMaxBatch = 8;
+constexpr uint32_t kVocab = 1000;
+
+DeviceSessionOptions HostOptions() {
+  DeviceSessionOptions options;
+  options.max_batch = kMaxBatch;
+  options.vocab = kVocab;
+  options.dtype = v1::DTYPE_FP32;
+  options.plane = SessionPlane::kHost;
+  return options;
+}
+
+// Writes one step's rows into the session: logits and each row's parameters.
+void Fill(DeviceSession* session, const Logits& logits,
+          const std::vector<v1::SamplingParams>& params) {
+  std::memcpy(session->logits(), logits.values.data(), logits.values.size() * sizeof(float));
+  const DeviceSessionParams p = session->params();
+  for (int64_t r = 0; r < logits.batch; ++r) {
+    const v1::SamplingParams& row = params[static_cast<size_t>(r)];
+    p.seed[r] = row.seed();
+    p.position[r] = row.position();
+    p.temperature[r] = row.has_temperature() ? row.temperature() : 1.0f;
+    p.top_k[r] = row.top_k();
+    p.top_p[r] = row.has_top_p() ? row.top_p() : 1.0f;
+    p.min_p[r] = row.min_p();
+    p.top_p_mode[r] = row.top_p_mode();
+  }
+}
+
+std::vector<int32_t> SessionTokens(const DeviceSession& session, int64_t batch) {
+  return {session.token_ids(), session.token_ids() + batch};
+}
+
+class CppDeviceSession : public ServerSuite {
+ protected:
+  void SetUp() override {
+    ServerSuite::SetUp();
+    const grpc::Status status = DeviceSession::Open(client_.get(), HostOptions(), &session_);
+    ASSERT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  }
+
+  void TearDown() override {
+    if (session_ != nullptr) session_->Close().ok();
+    ServerSuite::TearDown();
+  }
+
+  std::unique_ptr<DeviceSession> session_;
+};
+
+TEST_F(CppDeviceSession, GreedyTokensEqualUnarySampleOver200Steps) {
+  for (int step = 0; step < 200; ++step) {
+    const int64_t batch = 1 + (step * 5) % kMaxBatch;  // every B in [1, 8]
+    const Logits logits = RandomLogits(batch, kVocab, /*seed=*/1000 + step);
+    const std::vector<v1::SamplingParams> params(static_cast<size_t>(batch), Greedy());
+    Fill(session_.get(), logits, params);
+    const grpc::Status status = session_->StepOnHost(static_cast<int>(batch));
+    ASSERT_TRUE(status.ok()) << "step " << step << ": " << status.error_message();
+
+    v1::SampleResponse unary;
+    ASSERT_TRUE(client_->Sample(logits.Request({Greedy()}), &unary).ok());
+    ASSERT_EQ(SessionTokens(*session_, batch), Tokens(unary)) << "step " << step;
+    for (int64_t r = 0; r < batch; ++r) {
+      ASSERT_EQ(session_->row_status()[r], SAMPLERD_ROW_OK) << "step " << step << " row " << r;
+    }
+    EXPECT_EQ(session_->step_status(), SAMPLERD_STEP_OK);
+  }
+  EXPECT_EQ(session_->control()->steps_done, 200u);
+  const grpc::Status closed = session_->Close();
+  EXPECT_TRUE(closed.ok()) << closed.error_message();
+  EXPECT_FALSE(session_->open());
+}
+
+TEST_F(CppDeviceSession, SeededFilteredTokensEqualUnarySample) {
+  for (int step = 0; step < 20; ++step) {
+    const int64_t batch = kMaxBatch;
+    const Logits logits = RandomLogits(batch, kVocab, /*seed=*/7000 + step);
+    std::vector<v1::SamplingParams> params;
+    for (int64_t r = 0; r < batch; ++r) {
+      v1::SamplingParams row = TopKTopP(/*seed=*/100 + r);
+      row.set_position(static_cast<uint64_t>(step));
+      if (r % 3 == 1) row.set_min_p(0.05f);
+      if (r % 4 == 2) row.set_top_p_mode(v1::TOP_P_MODE_JOINT);
+      params.push_back(row);
+    }
+    Fill(session_.get(), logits, params);
+    ASSERT_TRUE(session_->StepOnHost(static_cast<int>(batch)).ok()) << "step " << step;
+
+    v1::SampleResponse unary;
+    ASSERT_TRUE(client_->Sample(logits.Request(params), &unary).ok());
+    ASSERT_EQ(SessionTokens(*session_, batch), Tokens(unary)) << "step " << step;
+  }
+}
+
+TEST_F(CppDeviceSession, InvalidParameterRowGetsItsOwnStatus) {
+  const Logits logits = RandomLogits(3, kVocab, /*seed=*/5);
+  std::vector<v1::SamplingParams> params(3, Greedy());
+  params[1].set_top_p(2.0f);  // out of (0, 1]
+  Fill(session_.get(), logits, params);
+  ASSERT_TRUE(session_->StepOnHost(3).ok());
+
+  v1::SampleResponse unary;
+  ASSERT_TRUE(client_->Sample(logits.Request({Greedy()}), &unary).ok());
+  EXPECT_EQ(session_->row_status()[0], SAMPLERD_ROW_OK);
+  EXPECT_EQ(session_->row_status()[1], SAMPLERD_ROW_INVALID_PARAMS);
+  EXPECT_EQ(session_->row_status()[2], SAMPLERD_ROW_OK);
+  EXPECT_EQ(session_->token_ids()[0], unary.token_ids(0));
+  EXPECT_EQ(session_->token_ids()[1], -1);
+  EXPECT_EQ(session_->token_ids()[2], unary.token_ids(2));
+}
+
+TEST_F(CppDeviceSession, BatchOutsideOneToMaxBatchIsRejectedWithoutRinging) {
+  EXPECT_EQ(session_->StepOnHost(0).error_code(), C::INVALID_ARGUMENT);
+  EXPECT_EQ(session_->StepOnHost(kMaxBatch + 1).error_code(), C::INVALID_ARGUMENT);
+  EXPECT_EQ(session_->control()->doorbell, 0u);
+  EXPECT_TRUE(session_->open());
+}
+
+TEST_F(CppDeviceSession, StepAfterCloseIsAbortedAndCloseIsIdempotent) {
+  ASSERT_TRUE(session_->Close().ok());
+  EXPECT_EQ(session_->StepOnHost(1).error_code(), C::ABORTED);
+  EXPECT_TRUE(session_->Close().ok());
+}
+
+TEST_F(CppDeviceSession, EnqueueStepWithoutAGpuContextFailsCleanly) {
+  // No GPU runtime here, or one with no current context on this thread: either way the
+  // client refuses before enqueueing anything, and the session stays usable.
+  const grpc::Status status = session_->EnqueueStep(nullptr, 1);
+  EXPECT_EQ(status.error_code(), C::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_TRUE(session_->open());
+}
+
+TEST_F(CppDeviceSession, OpenWithZeroMaxBatchIsRejectedByTheClient) {
+  DeviceSessionOptions options = HostOptions();
+  options.max_batch = 0;
+  std::unique_ptr<DeviceSession> session;
+  const grpc::Status status = DeviceSession::Open(client_.get(), options, &session);
+  EXPECT_EQ(status.error_code(), C::INVALID_ARGUMENT);
+  EXPECT_TRUE(MentionsAny(status.error_message(), {"max_batch"}));
+  EXPECT_EQ(session, nullptr);
+}
+
+// Its own server, killed mid-session.
+TEST(CppDeviceSessionFaults, ServerKilledMidSessionAbortsThePendingWait) {
+  std::string error;
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start(CpuServerOptions(), &error);
+  ASSERT_NE(server, nullptr) << error;
+  Client client(server->target());
+  std::unique_ptr<DeviceSession> session;
+  ASSERT_TRUE(DeviceSession::Open(&client, HostOptions(), &session).ok()) << server->Log();
+  const Logits logits = RandomLogits(1, kVocab, /*seed=*/3);
+  Fill(session.get(), logits, {Greedy()});
+  ASSERT_TRUE(session->StepOnHost(1).ok());
+
+  ASSERT_EQ(kill(server->pid(), SIGKILL), 0);
+  // The watcher sees the stream end and releases the wait: StepOnHost returns instead of
+  // spinning forever (ctest's timeout would catch a hang).
+  const auto start = std::chrono::steady_clock::now();
+  const grpc::Status status = session->StepOnHost(1);
+  EXPECT_EQ(status.error_code(), C::ABORTED) << status.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_FALSE(session->open());
+  server->Stop();
+}
+
+}  // namespace
+}  // namespace samplerd::integration
