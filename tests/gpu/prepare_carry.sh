@@ -8,7 +8,7 @@
 #   cd .carry/gpu_run && bash run_on_gpu.sh [--bench-args "--quick"] [--no-bench]
 #
 # The folder holds run_on_gpu.sh, bench_kernels.py, ipc_producer.py, python_client_cuda.py,
-# decode_loop.py, py/ (the Python client package with the stubs of proto/samplerd/v1/sampler.proto, generated here with protoc and grpc_python_plugin: the GPU
+# device_session_cuda.py, decode_loop.py, py/ (the Python client package with the stubs of proto/samplerd/v1/sampler.proto, generated here with protoc and grpc_python_plugin: the GPU
 # machine has grpcio and protobuf but no generator), README.md, MANIFEST.txt and payload.tar.xz
 # (the stripped binaries, libsamplerd_capi.so and lib/ with the Debian shared libraries of the
 # gRPC binaries), which run_on_gpu.sh unpacks.
@@ -39,6 +39,18 @@ grep -q '^SAMPLERD_GPU:STRING=cuda$' "$BUILD/CMakeCache.txt" ||
 TARGETS=(samplerd samplerd_gpu_sampler_test samplerd_gpu_statistics_test samplerd_server_gpu_test
          samplerd_capi samplerd_example_sample_random samplerd_gpu_ipc_runtime_test
          samplerd_ipc_producer_raw samplerd_bench_transports)
+# Targets carried when the tree has them (run_on_gpu.sh reports a missing one as a failed step).
+OPTIONAL_TARGETS=(samplerd_session_gpu_test)
+MISSING=()
+ninja -C "$BUILD" build.ninja >/dev/null  # re-runs CMake when a CMakeLists.txt changed
+for target in "${OPTIONAL_TARGETS[@]}"; do
+  if ninja -C "$BUILD" -t query "$target" >/dev/null 2>&1; then
+    TARGETS+=("$target")
+  else
+    MISSING+=("$target")
+    log "warning: no target $target in $BUILD (not carried; its step will fail)"
+  fi
+done
 log "building ${TARGETS[*]} (ninja -j$JOBS)"
 ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}"
 
@@ -53,7 +65,11 @@ declare -A BUILT=(
   [samplerd_gpu_ipc_runtime_test]="$BUILD/tests/gpu/samplerd_gpu_ipc_runtime_test"
   [samplerd_ipc_producer_raw]="$BUILD/tests/gpu/samplerd_ipc_producer_raw"
   [samplerd_bench_transports]="$BUILD/tests/bench/gpu/samplerd_bench_transports"
+  [samplerd_session_gpu_test]="$BUILD/tests/gpu/samplerd_session_gpu_test"
 )
+for target in "${MISSING[@]}"; do
+  unset "BUILT[$target]"
+done
 
 # --- assemble -----------------------------------------------------------------------------------
 # The binaries and libraries are staged in $STAGE, checked, then packed into payload.tar.xz: the
@@ -69,9 +85,10 @@ for name in "${!BUILT[@]}"; do
   cp "${BUILT[$name]}" "$STAGE/$name"
 done
 cp tests/bench/gpu/bench_kernels.py tests/gpu/run_on_gpu.sh tests/gpu/README.md \
-  tests/gpu/ipc_producer.py tests/gpu/python_client_cuda.py tests/bench/engine/decode_loop.py \
-  "$CARRY/"
-chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py" "$CARRY/ipc_producer.py"
+  tests/gpu/ipc_producer.py tests/gpu/python_client_cuda.py tests/gpu/device_session_cuda.py \
+  tests/bench/engine/decode_loop.py "$CARRY/"
+chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py" "$CARRY/ipc_producer.py" \
+  "$CARRY/device_session_cuda.py"
 
 # Python stubs for ipc_producer.py (samplerd/v1/sampler_pb2.py and sampler_pb2_grpc.py under
 # py/). Stubs from protoc 3.21 load with the GPU machine's grpcio 1.84 and protobuf 7.

@@ -9,9 +9,13 @@
 #
 # Steps, in order; each is logged in full to $RESULTS/<step>.log, reported PASS/FAIL, and a
 # failure does not stop the later steps:
+#   mps_start             (--mps only) a private CUDA MPS control daemon (fresh pipe and log
+#                         folders), started before any GPU work so that every step runs under
+#                         MPS; `quit` at exit. GPU settings (compute mode etc.) are never changed
 #   gpu_sampler_test      GPU kernels vs the CPU reference (a skipped test counts as a failure)
 #   gpu_statistics_test   the statistical suite on the GPU
 #   gpu_ipc_runtime_test  GpuIpc over the runtime in one process (refusals, MemoryRange)
+#   session_kernels       samplerd_session_gpu_test: the GPU plane's runner (device sessions)
 #   servers_start         samplerd --backend=gpu and samplerd --backend=cpu on unix sockets
 #   gpu_flag_refused      --gpu naming no device: exit 2, the devices listed (the GPU server
 #                         itself runs with --gpu set to nvidia-smi's spelling of its bus id)
@@ -23,6 +27,10 @@
 #                         done events, tokens vs the CPU server (Python stubs from ./py)
 #   pyclient_cuda         python_client_cuda.py: the Python client with CUDA tensors (GPU IPC regions
 #                         cached per allocation, ready events, fallbacks), tokens vs the CPU server
+#   device_session        device_session_cuda.py: device sessions (host and GPU plane; eager, CUDA
+#                         graph, invalid rows, concurrency, engine / server SIGKILLed) vs unary
+#                         Sample, and the per-step overhead benchmark (device_session_bench.json /
+#                         .md into $RESULTS)
 #   engine                decode_loop.py: a 0.5B decoder generating with PyTorch-native sampling vs
 #                         samplerd over GPU IPC (a benchmark: engine.json / engine.md into $RESULTS)
 #   transports            samplerd_bench_transports: round trips by transport vs the bare kernel
@@ -39,14 +47,19 @@ cd "$HERE" || exit 2
 usage() {
   cat <<'EOF'
 usage: run_on_gpu.sh [--no-bench] [--bench-args "ARGS"] [--transport-args "ARGS"] [--only STEPS]
-                     [--timeout SECS] [--bench-timeout SECS] [--deadline SECS]
+                     [--session-args "ARGS"] [--mps] [--timeout SECS] [--bench-timeout SECS]
+                     [--deadline SECS]
   --no-bench           skip the kernel benchmark and the transport benchmark
   --bench-args "ARGS"  more arguments for bench_kernels.py, e.g. "--quick" or
                        "--batches 1,128 --vocabs 151936 --dtypes fp32"
   --transport-args "ARGS"  more arguments for samplerd_bench_transports, e.g. "--seconds 1"
-  --engine-args "ARGS" more arguments for decode_loop.py, e.g. "--batches 1 --steps 16"
-  --only STEPS         comma-separated groups to run:
-                       sampler,statistics,server,example,ipc,pyclient,engine,transports,bench
+  --engine-args "ARGS" more arguments for decode_loop.py, e.g. "--batches 1 --steps 16" or
+                       "--samplers pytorch,session-host,session-gpu-graph"
+  --session-args "ARGS" more arguments for device_session_cuda.py, e.g. "--quick" or
+                       "--planes gpu --checks eager,graph"
+  --mps                start a private CUDA MPS control daemon first (every step runs under it)
+  --only STEPS         comma-separated groups to run: sampler,statistics,server,example,ipc,
+                       session_kernels,pyclient,device_session,engine,transports,bench
   --timeout SECS       limit of each test step (default 240)
   --bench-timeout SECS limit of the benchmark (default 420)
   --deadline SECS      the whole run ends within this (default 570: a summary before a 600 s kill)
@@ -56,7 +69,9 @@ EOF
 BENCH=1
 BENCH_ARGS=""
 TRANSPORT_ARGS=""
-ONLY="sampler,statistics,server,example,ipc,pyclient,engine,transports,bench"
+SESSION_ARGS=""
+MPS=0
+ONLY="sampler,statistics,server,example,ipc,session_kernels,pyclient,device_session,engine,transports,bench"
 ENGINE_ARGS=""
 STEP_TIMEOUT=240
 BENCH_TIMEOUT=420
@@ -70,6 +85,9 @@ while (($# > 0)); do
     --transport-args=*) TRANSPORT_ARGS="${1#*=}" ;;
     --engine-args) ENGINE_ARGS="${2-}"; shift ;;
     --engine-args=*) ENGINE_ARGS="${1#*=}" ;;
+    --session-args) SESSION_ARGS="${2-}"; shift ;;
+    --session-args=*) SESSION_ARGS="${1#*=}" ;;
+    --mps) MPS=1 ;;
     --only) ONLY="${2-}"; shift ;;
     --only=*) ONLY="${1#*=}" ;;
     --timeout) STEP_TIMEOUT="${2-}"; shift ;;
@@ -92,9 +110,9 @@ RESULTS="${OUT:-$HERE/results}"
 mkdir -p "$RESULTS" || exit 2
 START=$SECONDS
 
-# The running step, our servers (by pid) and the unpacked payload: ended and removed at exit,
-# also when interrupted.
-GPU_PID="" CPU_PID="" STEP_PID="" UNPACKED=""
+# The running step, our servers (by pid), our MPS daemon and the unpacked payload: ended and
+# removed at exit, also when interrupted.
+GPU_PID="" CPU_PID="" STEP_PID="" UNPACKED="" MPS_DIR="" MPS_CTL=""
 # shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
   local pid
@@ -102,6 +120,7 @@ cleanup() {
   for pid in "$GPU_PID" "$CPU_PID"; do
     [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null
   done
+  [[ -n "$MPS_DIR" ]] && stop_mps
   [[ -n "$UNPACKED" ]] && rm -rf "$UNPACKED"
   return 0
 }
@@ -189,7 +208,7 @@ run_step() {
   fi
   [[ -n "$note" ]] && result=FAIL
   local summary
-  summary="$(grep -E '^(GPU|logprobs|stream)|mismatches' "$log" | tail -n 3)"
+  summary="$(grep -E '^(GPU|logprobs|stream|FAILED: )|mismatches' "$log" | tail -n 3)"
   [[ -n "$summary" ]] && printf '    | %s\n' "${summary//$'\n'/$'\n'    | }"
   if [[ "$result" == FAIL ]]; then
     show_tail "$log" 25
@@ -211,6 +230,72 @@ run_step() {
   echo "binaries: $BIN"
 } 2>&1 | tee "$RESULTS/device.txt"
 
+# --- MPS (--mps) ---------------------------------------------------------------------------------
+# A private control daemon: its own pipe and log folders, exported so that every later process
+# (servers, tests, benchmarks) is its client. Only `nvidia-cuda-mps-control -d` and `quit`: no GPU
+# setting (compute mode, clocks) is touched.
+# shellcheck disable=SC2317  # also invoked by the EXIT trap
+stop_mps() {
+  local pid="" waited=0
+  [[ -f "$MPS_DIR/pipe/nvidia-cuda-mps-control.pid" ]] &&
+    pid="$(tr -dc '0-9' <"$MPS_DIR/pipe/nvidia-cuda-mps-control.pid")"
+  echo quit | "$MPS_CTL" >/dev/null 2>&1
+  while ((waited < 100)); do  # tenths of a second: 10 s
+    if [[ -n "$pid" ]]; then
+      kill -0 "$pid" 2>/dev/null || break
+    else
+      [[ -e "$MPS_DIR/pipe/control" ]] || break
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  cat "$MPS_DIR"/log/*.log >"$RESULTS/mps_daemon.log" 2>/dev/null
+  if ((waited >= 100)); then
+    echo "run_on_gpu.sh: the MPS daemon${pid:+ (pid $pid)} did not quit within 10 s; left $MPS_DIR" >&2
+  else
+    rm -rf "$MPS_DIR"
+  fi
+  MPS_DIR=""
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+MPS_UP=0
+if ((MPS)); then
+  t0=$SECONDS
+  log="$RESULTS/mps_start.log"
+  MPS_CTL=/usr/local/nvidia/bin/nvidia-cuda-mps-control
+  [[ -x "$MPS_CTL" ]] || MPS_CTL="$(command -v nvidia-cuda-mps-control 2>/dev/null)"
+  if [[ -z "$MPS_CTL" ]]; then
+    echo "nvidia-cuda-mps-control: not in /usr/local/nvidia/bin nor on PATH" >"$log"
+    record mps_start FAIL 0 "nvidia-cuda-mps-control not found"
+  else
+    MPS_DIR="$(mktemp -d "${TMPDIR:-/tmp}/samplerd-mps.XXXXXX")" || exit 2
+    mkdir -p "$MPS_DIR/pipe" "$MPS_DIR/log"
+    export CUDA_MPS_PIPE_DIRECTORY="$MPS_DIR/pipe" CUDA_MPS_LOG_DIRECTORY="$MPS_DIR/log"
+    {
+      echo "--- $MPS_CTL -d  (CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY)"
+      "$MPS_CTL" -d
+      echo "exit $?"
+      # Up when it answers a query (within 5 s).
+      for _ in $(seq 50); do
+        if echo get_server_list | "$MPS_CTL"; then MPS_UP=1; break; fi
+        sleep 0.1
+      done
+      echo "answers queries: $MPS_UP"
+    } >"$log" 2>&1
+    if ((MPS_UP)); then
+      show_tail "$log" 3
+      record mps_start PASS $((SECONDS - t0)) "CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY"
+    else
+      show_tail "$log" 15
+      stop_mps
+      record mps_start FAIL $((SECONDS - t0)) "the MPS daemon did not start; the steps run without MPS"
+    fi
+  fi
+  echo "mps: $( ((MPS_UP)) && echo "on, CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY" || echo off)" \
+    >>"$RESULTS/device.txt"
+fi
+
 # --- (a), (b) kernel tests ----------------------------------------------------------------------
 if selected sampler; then
   run_step gpu_sampler_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_sampler_test" \
@@ -224,6 +309,17 @@ fi
 if selected ipc; then
   run_step gpu_ipc_runtime_test "$STEP_TIMEOUT" "${GRPC_ENV[@]}" "${LINEBUF[@]}" \
     "$BIN/samplerd_gpu_ipc_runtime_test" "--gtest_output=xml:$RESULTS/gpu_ipc_runtime_test.xml"
+fi
+
+# The GPU plane of device sessions in one process (no server needed).
+if selected session_kernels; then
+  if [[ -x "$BIN/samplerd_session_gpu_test" ]]; then
+    run_step session_kernels "$STEP_TIMEOUT" "${GRPC_ENV[@]}" "${LINEBUF[@]}" \
+      "$BIN/samplerd_session_gpu_test" "--gtest_output=xml:$RESULTS/session_kernels.xml"
+  else
+    echo "not run: samplerd_session_gpu_test is not in the payload" >"$RESULTS/session_kernels.log"
+    record session_kernels FAIL 0 "not run: samplerd_session_gpu_test missing (prepare_carry.sh)"
+  fi
 fi
 
 # --- (c), (d) the server on the GPU -------------------------------------------------------------
@@ -259,7 +355,8 @@ wait_ready() {
 }
 
 if selected server || selected example || selected ipc || selected pyclient ||
-   (selected engine && ((BENCH))) || (selected transports && ((BENCH))); then
+   selected device_session || (selected engine && ((BENCH))) ||
+   (selected transports && ((BENCH))); then
   t0=$SECONDS
   log="$RESULTS/servers_start.log"
   rm -rf "$SOCK_DIR" && mkdir -p "$SOCK_DIR"
@@ -344,6 +441,25 @@ if selected server || selected example || selected ipc || selected pyclient ||
     fi
   fi
 
+  # Device sessions against the GPU server (server_kill starts servers of its own), with the
+  # per-step overhead benchmark (device_session_bench.json / .md into $RESULTS).
+  if selected device_session; then
+    if ((GPU_UP)); then
+      session_argv=()
+      read -r -a session_argv <<<"$SESSION_ARGS"
+      ((MPS_UP)) && session_argv+=(--expect-mps)
+      run_step device_session "$STEP_TIMEOUT" python3 -u "$HERE/device_session_cuda.py" \
+        --gpu "$GPU_TARGET" --py "$HERE/py" --samplerd "$BIN/samplerd" --lib-dir "$BIN/lib" \
+        --server-pid "$GPU_PID" --capi "$BIN/libsamplerd_capi.so" --results "$RESULTS" \
+        "${session_argv[@]}"
+      [[ -s "$RESULTS/device_session_bench.md" ]] &&
+        echo "    device-session table: $RESULTS/device_session_bench.md"
+    else
+      echo "not run: no GPU server" >"$RESULTS/device_session.log"
+      record device_session FAIL 0 "not run: no GPU server"
+    fi
+  fi
+
   # The engine decode loop (a benchmark: its numbers go to $RESULTS).
   if selected engine && ((BENCH)); then
     if ((GPU_UP)); then
@@ -425,7 +541,7 @@ fi
 failed=0
 {
   echo
-  echo "==== run_on_gpu.sh summary ($((SECONDS - START)) s; logs in $RESULTS) ===="
+  echo "==== run_on_gpu.sh summary ($((SECONDS - START)) s; logs in $RESULTS; MPS $( ((MPS_UP)) && echo on || echo off)) ===="
   printf '%-20s %-6s %7s  %s\n' step result seconds note
   for i in "${!NAMES[@]}"; do
     printf '%-20s %-6s %7s  %s\n' "${NAMES[$i]}" "${RESULTS_OF[$i]}" "${SECONDS_OF[$i]}" "${NOTES[$i]}"
