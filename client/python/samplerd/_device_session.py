@@ -44,8 +44,10 @@ object; Client.close() and interpreter exit close open sessions.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import itertools
 import os
+import platform
 import queue
 import threading
 import time
@@ -87,6 +89,28 @@ _W_DONE, _W_STEP_STATUS = lay.DONE_WORD // 4, lay.STEP_STATUS // 4
 #: Spin this long on `done` before sleeping between polls (numpy sessions).
 _SPIN_S = 0.001
 _SLEEP_S = 0.00005
+
+
+class _Atomics:
+    """Sequentially consistent 4-byte stores and acquire loads (libatomic), for CPUs that
+    reorder plain stores (aarch64). None on x86, whose plain stores are already in order."""
+
+    SEQ_CST, ACQUIRE = 5, 2
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL("libatomic.so.1")
+        self.store = getattr(lib, "__atomic_store_4")  # getattr: no name mangling
+        self.store.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int]
+        self.store.restype = None
+        self.load = getattr(lib, "__atomic_load_4")
+        self.load.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self.load.restype = ctypes.c_uint32
+
+    @classmethod
+    def for_this_cpu(cls) -> Optional["_Atomics"]:
+        if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+            return None
+        return cls()
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -299,6 +323,7 @@ class _NumpyHostPlane(_Plane):
         self.step_timeout = step_timeout
         self.buffers = _ShmBuffers(client, layout, np_dtype)
         try:
+            self._atomics = _Atomics.for_this_cpu()
             self._open(client, _open_message(layout, enum, logprob_source, self.buffers.region_name,
                                              pb.DEVICE_PLANE_HOST, ""))
         except BaseException:
@@ -327,11 +352,15 @@ class _NumpyHostPlane(_Plane):
             _fill_np(b.params[name], params[name], name, batch)
         ctrl = b.control
         # Ordering: the logits and params above are plain stores; batch, then the doorbell, are
-        # aligned 4-byte stores issued afterwards by separate interpreter steps. x86 (TSO) keeps
-        # stores in program order, so the server never sees the doorbell before the data. A
-        # weakly ordered CPU (aarch64) would need a release fence here, which Python lacks.
+        # aligned 4-byte numpy stores issued afterwards by separate interpreter steps. x86 (TSO)
+        # keeps stores in program order, so the server never sees the doorbell before the data.
+        # Other CPUs (aarch64) ring with a sequentially consistent store from libatomic instead,
+        # and read `done` once more with acquire order before reading the outputs.
         ctrl[_W_BATCH] = batch
-        ctrl[_W_DOORBELL] = lay.RING
+        if self._atomics is None:
+            ctrl[_W_DOORBELL] = lay.RING
+        else:
+            self._atomics.store(ctrl.ctypes.data + lay.DOORBELL, lay.RING, _Atomics.SEQ_CST)
         if ctrl[_W_DONE] != lay.DONE:
             start = time.perf_counter()
             while ctrl[_W_DONE] != lay.DONE:
@@ -343,6 +372,8 @@ class _NumpyHostPlane(_Plane):
                                            f"expected the step done within {self.step_timeout} s, "
                                            "got no answer; the session is unusable")
                     time.sleep(_SLEEP_S)
+        if self._atomics is not None:
+            self._atomics.load(ctrl.ctypes.data + lay.DONE_WORD, _Atomics.ACQUIRE)
         status = int(ctrl[_W_STEP_STATUS])
         ctrl[_W_DONE] = 0
         if status == lay.STEP_OK:
@@ -407,6 +438,9 @@ class _TorchSteps:
             dst.fill_(value)
             return
         arr = np.asarray(value)
+        if arr.ndim == 0:
+            self.fill(view, arr.item(), name, batch)
+            return
         if arr.shape != (batch,):
             raise ValueError(f"{name}: expected a scalar or {batch} values, got shape {arr.shape}")
         if name in ("seed", "position"):
