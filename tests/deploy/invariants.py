@@ -3,14 +3,15 @@
 
     /usr/bin/python3 tests/deploy/invariants.py RENDER_DIR
 
-RENDER_DIR holds one `kubectl kustomize` output per overlay (amd.yaml, nvidia.yaml, cpu.yaml;
-any other NAME.yaml is checked as the overlay whose name it starts with, e.g. the renamed
-nvidia-prefixed.yaml). The Dockerfiles are read from deploy/docker.
+RENDER_DIR holds one `kubectl kustomize` output per overlay (amd.yaml, nvidia.yaml,
+nvidia-mps.yaml, cpu.yaml; any other NAME.yaml is checked as the overlay whose name it starts
+with, e.g. the renamed nvidia-prefixed.yaml). The Dockerfiles are read from deploy/docker.
 
 Two sets of rules:
   - pod rules, per rendered overlay: native sidecar, one shared GPU claim (GPU overlays) or none
     (cpu), shared socket and /dev/shm volumes, the engine's SAMPLERD_SOCKET, gRPC probes on
-    --health_port, the metrics annotation on --metrics_port, a restrictive securityContext...
+    --health_port, the metrics annotation on --metrics_port, a restrictive securityContext, the
+    MPS daemon of nvidia-mps (a native sidecar before samplerd, its pipe directory shared)...
   - Dockerfile rules: build and runtime stages, non-root numeric USER, HEALTHCHECK through the
     bundled probe on the health port, ENTRYPOINT/CMD, apt hygiene, build dependencies in step
     with deploy/local/install_deps.sh, and agreement with the manifests (UID, ports).

@@ -92,6 +92,30 @@ POD_MUTATIONS = [
      lambda d: set_arg(d, "grace_period", "90s")),
     ("amd", "image-user", "pod runs as another UID than the images",
      lambda d: pod_spec(d)["securityContext"].update(runAsUser=1000)),
+    ("nvidia-mps", "mps", "pipe directory not shared: the engine mounts another volume there",
+     lambda d: [m for m in containers(d, "engine")["volumeMounts"]
+                if m["mountPath"] == "/run/nvidia-mps"][0].update(name="engine-tmp")),
+    ("nvidia-mps", "mps", "samplerd without CUDA_MPS_PIPE_DIRECTORY",
+     lambda d: containers(d, "samplerd").pop("env")),
+    ("nvidia-mps", "mps", "engine's CUDA_MPS_PIPE_DIRECTORY points elsewhere",
+     lambda d: [e for e in containers(d, "engine")["env"]
+                if e["name"] == "CUDA_MPS_PIPE_DIRECTORY"][0].update(value="/tmp/mps")),
+    ("nvidia-mps", "mps", "daemon started after samplerd",
+     lambda d: pod_spec(d)["initContainers"].reverse()),
+    ("nvidia-mps", "mps", "daemon not a native sidecar",
+     lambda d: containers(d, "mps-control").pop("restartPolicy")),
+    ("nvidia-mps", "mps", "daemon in the background (-d) instead of the foreground",
+     lambda d: containers(d, "mps-control").update(command=["nvidia-cuda-mps-control", "-d"])),
+    ("nvidia-mps", "mps", "pipe volume on disk",
+     lambda d: [v for v in pod_spec(d)["volumes"] if v["name"] == "nvidia-mps-pipe"][0]
+     ["emptyDir"].pop("medium")),
+    ("nvidia-mps", "mps", "daemon image not samplerd's (the overlay's images entry dropped)",
+     lambda d: containers(d, "mps-control").update(image="samplerd")),
+    ("nvidia-mps", "mps", "daemon without the GPU claim",
+     lambda d: containers(d, "mps-control")["resources"].pop("claims")),
+    ("nvidia", "mps", "MPS environment in the plain nvidia overlay",
+     lambda d: containers(d, "engine")["env"].append(
+         {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/run/nvidia-mps"})),
 ]
 
 # (Dockerfile, rule expected to fail, what the mutation does, old text, new text)

@@ -11,12 +11,21 @@ from dockerfile_rules import dockerfile_user, read_dockerfiles
 from rules_common import Broken, expect, parse_flags
 
 # What each overlay must be: the DRA DeviceClass (None: no GPU claim at all), samplerd's
-# --backend, and the suffix of its image tag (which Dockerfile it was built from).
+# --backend, the suffix of its image tag (which Dockerfile it was built from), and whether it
+# runs a pod-local CUDA MPS control daemon.
 OVERLAYS = {
-    "nvidia": {"device_class": "gpu.nvidia.com", "backend": "gpu", "image_suffix": "-cuda"},
-    "amd": {"device_class": "gpu.amd.com", "backend": "gpu", "image_suffix": "-rocm"},
-    "cpu": {"device_class": None, "backend": "cpu", "image_suffix": "-cpu"},
+    "nvidia": {"device_class": "gpu.nvidia.com", "backend": "gpu", "image_suffix": "-cuda",
+               "mps": False},
+    "nvidia-mps": {"device_class": "gpu.nvidia.com", "backend": "gpu", "image_suffix": "-cuda",
+                   "mps": True},
+    "amd": {"device_class": "gpu.amd.com", "backend": "gpu", "image_suffix": "-rocm",
+            "mps": False},
+    "cpu": {"device_class": None, "backend": "cpu", "image_suffix": "-cpu", "mps": False},
 }
+
+# The MPS daemon's container name and command (overlays/nvidia-mps).
+MPS_CONTAINER = "mps-control"
+MPS_COMMAND = ["nvidia-cuda-mps-control", "-f"]
 
 
 class Pod:
@@ -245,6 +254,74 @@ def rule_image_user(pod):
            f"expected pod runAsGroup and fsGroup {gids} (the images' group)")
 
 
+def rule_mps(pod):
+    """nvidia-mps: a native-sidecar MPS control daemon, started before samplerd, whose pipe
+    directory samplerd and the engine share (CUDA_MPS_PIPE_DIRECTORY on one Memory emptyDir).
+    Other overlays: no MPS daemon and no MPS environment."""
+    init = pod.spec.get("initContainers") or []
+    daemons = [c for c in init if c.get("name") == MPS_CONTAINER]
+    everyone = init + (pod.spec.get("containers") or [])
+    if not pod.expected["mps"]:
+        expect(not daemons, f"expected no {MPS_CONTAINER} container in {pod.overlay}")
+        for c in everyone:
+            env = {e.get("name") for e in c.get("env") or []}
+            expect("CUDA_MPS_PIPE_DIRECTORY" not in env,
+                   f"expected no CUDA_MPS_PIPE_DIRECTORY in {c['name']} ({pod.overlay})")
+        return
+    expect(len(daemons) == 1, f"expected one init container {MPS_CONTAINER}, got {len(daemons)}")
+    daemon = daemons[0]
+    expect((daemon.get("command") or []) + (daemon.get("args") or []) == MPS_COMMAND,
+           f"expected {MPS_CONTAINER} to run {' '.join(MPS_COMMAND)} (foreground), got "
+           f"{(daemon.get('command') or []) + (daemon.get('args') or [])}")
+    expect(daemon.get("restartPolicy") == "Always",
+           f"expected {MPS_CONTAINER} to be a native sidecar (restartPolicy Always), got "
+           f"{daemon.get('restartPolicy')!r}")
+    names = [c.get("name") for c in init]
+    expect(names.index(MPS_CONTAINER) < names.index("samplerd"),
+           f"expected {MPS_CONTAINER} before samplerd in initContainers, got {names}")
+    expect(daemon.get("startupProbe"),
+           f"expected a startupProbe on {MPS_CONTAINER}, so that samplerd waits for the daemon")
+    expect(daemon.get("image") == pod.sidecar.get("image"),
+           f"expected {MPS_CONTAINER} to run samplerd's image {pod.sidecar.get('image')!r}, got "
+           f"{daemon.get('image')!r}")
+
+    def env_of(c):
+        return {e.get("name"): e.get("value") for e in c.get("env") or []}
+
+    pipe = env_of(daemon).get("CUDA_MPS_PIPE_DIRECTORY")
+    expect(pipe and pipe.startswith("/"),
+           f"expected an absolute CUDA_MPS_PIPE_DIRECTORY on {MPS_CONTAINER}, got {pipe!r}")
+    log = env_of(daemon).get("CUDA_MPS_LOG_DIRECTORY")
+    expect(log and log.startswith("/"),
+           f"expected an absolute CUDA_MPS_LOG_DIRECTORY on {MPS_CONTAINER}, got {log!r}")
+    mount_of(daemon, log)  # writable: the root filesystem is read-only
+    volume_name = mount_of(daemon, pipe)["name"]
+    for c in (pod.sidecar, pod.engine):
+        expect(env_of(c).get("CUDA_MPS_PIPE_DIRECTORY") == pipe,
+               f"expected CUDA_MPS_PIPE_DIRECTORY={pipe} in {c['name']}, got "
+               f"{env_of(c).get('CUDA_MPS_PIPE_DIRECTORY')!r}")
+        mount = mount_of(c, pipe)
+        expect(mount["name"] == volume_name and not mount.get("readOnly"),
+               f"expected {c['name']} to mount the daemon's pipe volume {volume_name} writable "
+               f"at {pipe}, got {mount['name']}")
+    empty_dir = pod.volume(volume_name).get("emptyDir")
+    expect(isinstance(empty_dir, dict) and empty_dir.get("medium") == "Memory",
+           f"expected the MPS pipe volume {volume_name} to be an emptyDir with medium Memory")
+    claims = [r.get("name") for r in (daemon.get("resources") or {}).get("claims") or []]
+    pod_claims = [c.get("name") for c in pod.spec.get("resourceClaims") or []]
+    expect(claims == pod_claims and claims,
+           f"expected {MPS_CONTAINER} to use the pod's GPU claim {pod_claims}, got {claims}")
+    sc = daemon.get("securityContext") or {}
+    expect(sc.get("allowPrivilegeEscalation") is False and sc.get("readOnlyRootFilesystem")
+           is True and "ALL" in ((sc.get("capabilities") or {}).get("drop") or []) and
+           not (sc.get("capabilities") or {}).get("add") and not sc.get("privileged") and
+           sc.get("runAsUser", 1) != 0,
+           f"expected {MPS_CONTAINER} as restricted as samplerd (no escalation, read-only root, "
+           "capabilities drop [ALL], not root)")
+    expect("memory" in ((daemon.get("resources") or {}).get("limits") or {}),
+           f"expected a memory limit on {MPS_CONTAINER}")
+
+
 POD_RULES = {
     "native-sidecar": rule_native_sidecar,
     "backend": rule_backend,
@@ -260,14 +337,17 @@ POD_RULES = {
     "images": rule_images,
     "grace-period": rule_grace_period,
     "image-user": rule_image_user,
+    "mps": rule_mps,
 }
 
 
 def overlay_of(file_name):
-    for overlay in OVERLAYS:
-        if file_name == overlay or file_name.startswith(overlay + "-"):
-            return overlay
-    return None
+    """The overlay a rendered file belongs to: its own name, else the longest overlay name it
+    starts with ("nvidia-mps-x" is nvidia-mps, "nvidia-prefixed" is nvidia)."""
+    if file_name in OVERLAYS:
+        return file_name
+    matches = [o for o in OVERLAYS if file_name.startswith(o + "-")]
+    return max(matches, key=len) if matches else None
 
 
 def pod_failures(overlay, docs):
