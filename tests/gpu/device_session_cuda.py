@@ -36,6 +36,7 @@ Exit status 0 when every check passed.
 import argparse
 import json
 import os
+import queue
 import signal
 import statistics
 import subprocess
@@ -54,6 +55,11 @@ CHECKS = ("eager", "auto", "closed", "graph", "invalid", "concurrent", "engine_k
           "server_kill", "bench")
 RESULTS = []  # (name, passed, detail)
 HERE = os.path.dirname(os.path.abspath(__file__))
+DEADLINE = [float("inf")]  # time.monotonic() by which the run must end (--deadline)
+
+
+def time_left():
+    return DEADLINE[0] - time.monotonic()
 
 
 def check(ok, name, detail=""):
@@ -69,6 +75,9 @@ def guarded(name, fn, *args):
     """Runs one check function; an exception fails it (with its traceback) and the run goes on."""
     t0 = time.monotonic()
     print("--- %s" % name, flush=True)
+    if time_left() < 15:
+        check(False, name, "not run: the --deadline leaves %.0f s" % max(time_left(), 0))
+        return
     try:
         fn(*args)
     except Exception as e:  # noqa: BLE001 -- any failure of a check is reported, not fatal
@@ -227,17 +236,23 @@ def exact_for(plane):
 
 # --- checks -------------------------------------------------------------------------------------
 
-def eager_run(client, plane, dtype, steps, seed, name, device):
+def eager_run(client, args, plane, dtype, steps, seed, name, device):
     """``steps`` eager session steps with random B, parameters and logits, each against unary."""
     dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     tally = Tally(exact_for(plane))
     batches = set()
+    start = time.monotonic()
+    ran = 0
     with client.device_session(max_batch=MAX_BATCH, vocab=VOCAB, dtype=dtype_name,
                                plane=plane, device=device) as s:
         check(s.plane == plane, name + ": the session's plane", "s.plane = %r" % s.plane)
         for step in range(steps):
+            # A time budget, so that a slow plane cannot starve the later checks.
+            if time.monotonic() - start > args.eager_seconds or time_left() < 30:
+                break
+            ran += 1
             # Every B at least once (1..64 in the first 64 steps), then random.
             batch = step + 1 if step < MAX_BATCH else int(rng.integers(1, MAX_BATCH + 1))
             batches.add(batch)
@@ -255,15 +270,18 @@ def eager_run(client, plane, dtype, steps, seed, name, device):
             want = client.sample(logits, **p.unary_kwargs())
             tally.add(step, tokens[:batch].cpu().numpy(), status[:batch].cpu().numpy(),
                       want.tokens, want.row_status, p.greedy, note)
-    check(len(batches) == MAX_BATCH, name + ": every B in 1..%d stepped" % MAX_BATCH,
-          "%d distinct B" % len(batches))
+    elapsed = time.monotonic() - start
+    check(ran == steps and len(batches) == MAX_BATCH,
+          name + ": %d steps, every B in 1..%d" % (steps, MAX_BATCH),
+          "%d steps in %.1f s (budget %.0f s), %d distinct B" % (ran, elapsed, args.eager_seconds,
+                                                                 len(batches)))
     tally.report(name + ": tokens and statuses equal to unary")
 
 
 def check_eager(client, args, plane, device):
-    eager_run(client, plane, torch.float32, args.steps, 1000 + len(plane), "eager %s fp32" % plane,
-              device)
-    eager_run(client, plane, torch.bfloat16, args.bf16_steps, 2000 + len(plane),
+    eager_run(client, args, plane, torch.float32, args.steps, 1000 + len(plane),
+              "eager %s fp32" % plane, device)
+    eager_run(client, args, plane, torch.bfloat16, args.bf16_steps, 2000 + len(plane),
               "eager %s bf16" % plane, device)
 
 
@@ -448,15 +466,26 @@ def check_engine_kill(client, args, plane, device):
     pid_before, total_before = gpu_memory_mib(args.server_pid)
     child = subprocess.Popen(child_command(args, "--engine-child", plane), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
-    lines = []
+    lines = queue.Queue()  # the child's output lines, read by a thread (readline may block)
+
+    def read():
+        for line in child.stdout:
+            lines.put(line.rstrip())
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen = []
     ready = False
     deadline = time.monotonic() + 90
     try:
         while time.monotonic() < deadline:
-            line = child.stdout.readline()
-            if not line:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
                 break
-            lines.append(line.rstrip())
+            if line is None:
+                break
+            seen.append(line)
             if line.startswith("WAITING"):
                 ready = True
                 break
@@ -469,7 +498,7 @@ def check_engine_kill(client, args, plane, device):
         if child.poll() is None:
             child.kill()
             child.wait()
-    for line in lines[-15:]:
+    for line in seen[-15:]:
         print("    child| " + line, flush=True)
     if not check(ready, name + ": the engine child opened a session and waits",
                  "exit %s" % child.returncode):
@@ -867,6 +896,11 @@ def main():
     ap.add_argument("--planes", default="gpu,host")
     ap.add_argument("--checks", default=",".join(CHECKS), help="subset of " + ",".join(CHECKS))
     ap.add_argument("--steps", type=int, default=1000, help="fp32 eager steps per plane")
+    ap.add_argument("--eager-seconds", type=float, default=45,
+                    help="time budget of each eager run (fewer steps fail the step-count check)")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds the whole run may take; later checks are not run (FAIL) "
+                         "when less than 15 s are left (0: no limit)")
     ap.add_argument("--bf16-steps", type=int, default=300, help="bf16 eager steps per plane")
     ap.add_argument("--graph-replays", type=int, default=210)
     ap.add_argument("--concurrent-steps", type=int, default=150)
@@ -901,6 +935,8 @@ def main():
                  % (CHECKS, PLANES, sorted(unknown), args.planes))
     if args.results:
         os.makedirs(args.results, exist_ok=True)
+    if args.deadline > 0:
+        DEADLINE[0] = time.monotonic() + args.deadline
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     client = samplerd.Client(args.gpu, timeout=60, cuda_ipc="always")

@@ -448,6 +448,9 @@ if selected server || selected example || selected ipc || selected pyclient ||
       session_argv=()
       read -r -a session_argv <<<"$SESSION_ARGS"
       ((MPS_UP)) && session_argv+=(--expect-mps)
+      # Its own deadline inside the step's limit, so that its summary prints before a timeout.
+      ds_limit="$(budget "$STEP_TIMEOUT")"
+      ((ds_limit > 45)) && session_argv=(--deadline $((ds_limit - 15)) "${session_argv[@]}")
       run_step device_session "$STEP_TIMEOUT" python3 -u "$HERE/device_session_cuda.py" \
         --gpu "$GPU_TARGET" --py "$HERE/py" --samplerd "$BIN/samplerd" --lib-dir "$BIN/lib" \
         --server-pid "$GPU_PID" --capi "$BIN/libsamplerd_capi.so" --results "$RESULTS" \
