@@ -9,6 +9,15 @@
 # the CPU backend only; the server then samples on the GPU when one is present, else the CPU.
 # Environment: SAMPLERD_PRESET=default forces a CPU-only build in build/default;
 # SAMPLERD_SKIP_DEPS=1 skips the dependency check.
+#
+#   deploy/local/run.sh --mps [samplerd flags...]     (or SAMPLERD_MPS=1)
+#
+# also starts a private CUDA MPS control daemon (nvidia-cuda-mps-control -d) with fresh pipe and
+# log directories, runs samplerd under it, prints how an engine joins the same daemon, and quits
+# the daemon when samplerd exits. Device-session steps on the GPU plane then cost a few us
+# instead of ~280 us of GPU context switches; the engine's CUDA-graph replay gets slower under
+# MPS (docs/DEVICE_SESSIONS.md). It never changes GPU settings (no compute mode, no
+# nvidia-smi -c): an MPS daemon of another user or a GPU in a mode that refuses MPS fails here.
 set -euo pipefail
 export SAMPLERD_PRESET="${SAMPLERD_PRESET:-auto}"
 # shellcheck source=deploy/local/lib.sh
@@ -89,7 +98,73 @@ Try it from another shell (grpcurl works the same way: the server has reflection
 HINTS
 }
 
+MPS_DIR=""
+
+# Dies unless an NVIDIA GPU and the MPS control daemon are there (checked before building).
+require_mps() {
+  if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    samplerd::die "--mps needs an NVIDIA GPU (nvidia-smi -L lists none)"
+  fi
+  command -v nvidia-cuda-mps-control >/dev/null ||
+    samplerd::die "--mps needs nvidia-cuda-mps-control (it comes with the NVIDIA driver)"
+}
+
+# Starts a private MPS control daemon and exports CUDA_MPS_PIPE_DIRECTORY and
+# CUDA_MPS_LOG_DIRECTORY for samplerd.
+start_mps() {
+  MPS_DIR="$(mktemp -d "${TMPDIR:-/tmp}/samplerd-mps.XXXXXX")"
+  export CUDA_MPS_PIPE_DIRECTORY="${MPS_DIR}/pipe" CUDA_MPS_LOG_DIRECTORY="${MPS_DIR}/log"
+  mkdir -p "${CUDA_MPS_PIPE_DIRECTORY}" "${CUDA_MPS_LOG_DIRECTORY}"
+  trap stop_mps EXIT
+  nvidia-cuda-mps-control -d || samplerd::die "nvidia-cuda-mps-control -d failed"
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [[ -S "${CUDA_MPS_PIPE_DIRECTORY}/control" ]] && break
+    sleep 0.1
+  done
+  [[ -S "${CUDA_MPS_PIPE_DIRECTORY}/control" ]] ||
+    samplerd::die "the MPS control daemon did not start (log: ${CUDA_MPS_LOG_DIRECTORY})"
+  cat <<MPS
+
+CUDA MPS: a private control daemon runs for this server. An engine joins it (and only then
+shares the GPU with samplerd without context switches) when started, as the same user, with:
+
+  export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY}
+
+Daemon log: ${CUDA_MPS_LOG_DIRECTORY}/control.log. It quits when samplerd exits.
+MPS
+}
+
+# Quits the daemon started by start_mps (its MPS server ends with its last client).
+stop_mps() {
+  [[ -n "${MPS_DIR}" ]] || return 0
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
+  rm -rf "${MPS_DIR}"
+  MPS_DIR=""
+}
+
+# Runs samplerd as a child (not exec: the EXIT trap must quit the daemon afterwards), passing
+# SIGTERM and SIGINT on so that it drains, and returns its exit status.
+run_child() {
+  "${SAMPLERD_BIN}" "$@" &
+  local pid=$!
+  trap 'kill -TERM "${pid}" 2>/dev/null' TERM
+  trap 'kill -INT "${pid}" 2>/dev/null' INT
+  local rc=0
+  wait "${pid}" || rc=$?
+  # A trapped signal interrupts `wait` (status > 128) before the child has exited.
+  while kill -0 "${pid}" 2>/dev/null; do wait "${pid}" || rc=$?; done
+  return "${rc}"
+}
+
 main() {
+  local -a args=()
+  local arg mps="${SAMPLERD_MPS:-0}"
+  for arg in "$@"; do
+    if [[ "${arg}" == --mps ]]; then mps=1; else args+=("${arg}"); fi
+  done
+  set -- "${args[@]+"${args[@]}"}"
+  [[ "${mps}" == 1 ]] && require_mps
   "${SAMPLERD_ROOT}/deploy/local/install_deps.sh"
   samplerd::build samplerd
   [[ -x "${SAMPLERD_BIN}" ]] || samplerd::die "no server binary at ${SAMPLERD_BIN}"
@@ -101,6 +176,12 @@ main() {
   done
   local listen
   listen="$(listen_flag "$@")"
+  if [[ "${mps}" == 1 ]]; then
+    start_mps
+    print_usage_hints "${listen}"
+    run_child "$@"
+    return
+  fi
   print_usage_hints "${listen}"
   exec "${SAMPLERD_BIN}" "$@"
 }
