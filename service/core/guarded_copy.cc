@@ -34,11 +34,16 @@ void InstallHandler() {
   sigaction(SIGBUS, &action, &g_previous);
 }
 
+// Installs the handler once per process (GuardedCopy and GuardedRun share it).
+void EnsureHandler() {
+  static std::once_flag installed;
+  std::call_once(installed, InstallHandler);
+}
+
 }  // namespace
 
 bool GuardedCopy(void* dst, const void* src, size_t bytes) {
-  static std::once_flag installed;
-  std::call_once(installed, InstallHandler);
+  EnsureHandler();
   sigjmp_buf jump;
   // savemask = 1: the jump also unblocks SIGBUS, which the kernel blocked for the handler.
   if (sigsetjmp(jump, 1) != 0) {
@@ -50,6 +55,22 @@ bool GuardedCopy(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   t_copy = nullptr;
+  return true;
+}
+
+bool GuardedRun(const std::function<void()>& fn) {
+  EnsureHandler();
+  sigjmp_buf* const outer = t_copy;
+  sigjmp_buf jump;
+  if (sigsetjmp(jump, 1) != 0) {
+    t_copy = outer;
+    return false;
+  }
+  t_copy = &jump;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  fn();
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_copy = outer;
   return true;
 }
 

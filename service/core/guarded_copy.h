@@ -9,6 +9,7 @@
 #define SAMPLERD_SERVICE_CORE_GUARDED_COPY_H_
 
 #include <cstddef>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -18,6 +19,11 @@ namespace samplerd::core {
 // memcpy(dst, src, bytes); false when it hit a bus error (dst then holds a partial copy).
 // Thread-safe; costs a sigsetjmp (~0.1 us) on top of the copy.
 bool GuardedCopy(void* dst, const void* src, size_t bytes);
+
+// Runs fn(); false when it hit a bus error, in which case fn was abandoned where it faulted (no
+// destructors ran past that point: fn must not hold locks or own resources while it touches
+// guarded memory). Thread-safe; nests (an inner GuardedRun or task guard restores the outer one).
+bool GuardedRun(const std::function<void()>& fn);
 
 // FAILED_PRECONDITION saying that the host shm object behind `what` ("the logits region", "the
 // output region") no longer covers it, and what to do.

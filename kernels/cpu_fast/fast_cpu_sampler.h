@@ -1,0 +1,57 @@
+// A fast multi-threaded CPU sampler with exactly the semantics of kernels/cpu (the oracle).
+//
+// FastCpuSampler samples a whole batch with persistent worker threads. Rows are cut into fixed
+// chunks of the vocabulary, and every phase runs over (row, chunk) tasks, so one row spreads
+// over all threads when B is small and rows spread over threads when B is large. Nothing a row
+// decides depends on B, the thread count or which thread ran which chunk (batch invariance):
+// reductions are exact (max, counts, integer-quantised masses) or over a total order.
+//
+// Differences from CpuSampleRows: none in the token for greedy rows and for filters decided by
+// counts (min-p, top-k). The top-p total mass is summed in a different order, so a row whose
+// top-p boundary sits within a rounding error of a token's cumulative mass may keep one token
+// more or less (probability ~1e-12 per row). Logprobs (top_logprobs >= 0) are computed by the
+// oracle for the rows that ask.
+#ifndef SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
+#define SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "kernels/common/sampling_types.h"
+
+namespace samplerd::kernels {
+
+class FastCpuSampler {
+ public:
+  // Runs `task` and returns true, or returns false when the task faulted (for example a bus
+  // error reading memory another process truncated) and was abandoned part-way. A task
+  // touches only the sampler's own scratch besides the inputs and outputs of SampleArgs.
+  using TaskGuard = std::function<bool(const std::function<void()>& task)>;
+
+  struct Options {
+    int threads = 1;    // >= 1, the calling thread included
+    int spin_us = 200;  // how long idle workers spin before they block
+    TaskGuard guard;    // null: tasks run unguarded
+  };
+
+  explicit FastCpuSampler(const Options& options);
+  ~FastCpuSampler();
+  FastCpuSampler(const FastCpuSampler&) = delete;
+  FastCpuSampler& operator=(const FastCpuSampler&) = delete;
+
+  int threads() const;
+
+  // Samples every row of `args` (host memory, validated as for CpuSampleRows) and writes the
+  // outputs. Returns false when a guarded task faulted: the outputs are then unspecified.
+  // One call at a time.
+  bool Sample(const SampleArgs& args);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace samplerd::kernels
+
+#endif  // SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_

@@ -1,0 +1,90 @@
+// WorkerPool: a generation counter announces each loop; indices are claimed with fetch_add.
+#include "kernels/cpu_fast/worker_pool.h"
+
+#include <chrono>
+
+namespace samplerd::kernels {
+namespace {
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(int threads, int spin_us) : spin_us_(spin_us < 0 ? 0 : spin_us) {
+  const int workers = threads > 1 ? threads - 1 : 0;
+  workers_.reserve(workers);
+  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void WorkerPool::Drain() {
+  const std::function<void(int64_t)>& fn = *fn_;
+  for (int64_t i = next_.fetch_add(1, std::memory_order_relaxed); i < n_;
+       i = next_.fetch_add(1, std::memory_order_relaxed)) {
+    fn(i);
+  }
+}
+
+void WorkerPool::Run(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  fn_ = &fn;
+  n_ = n;
+  next_.store(0, std::memory_order_relaxed);
+  active_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_seq_cst);  // publishes fn_, n_, next_, active_
+  if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
+  Drain();
+  // Every worker takes part in every loop (possibly claiming nothing), so this wait is short
+  // once the indices run out.
+  while (active_.load(std::memory_order_acquire) != 0) CpuRelax();
+}
+
+void WorkerPool::WorkerLoop() {
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t now = generation_.load(std::memory_order_acquire);
+    if (now == seen) {
+      const auto spin_until =
+          std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+      for (int i = 0; now == seen; ++i) {
+        CpuRelax();
+        now = generation_.load(std::memory_order_acquire);
+        if ((i & 255) == 255 && std::chrono::steady_clock::now() >= spin_until) break;
+      }
+    }
+    if (now == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      sleeping_.fetch_add(1, std::memory_order_seq_cst);
+      cv_.wait(lock, [&] {
+        now = generation_.load(std::memory_order_seq_cst);
+        return stop_ || now != seen;
+      });
+      sleeping_.fetch_sub(1, std::memory_order_relaxed);
+      if (stop_) return;
+    }
+    seen = now;
+    Drain();
+    active_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // namespace samplerd::kernels
