@@ -39,6 +39,16 @@ ABSL_FLAG(int64_t, max_inflight, 256,
           "Sampling requests plus SampleStream steps admitted at once (queued or running); "
           "one more is answered RESOURCE_EXHAUSTED (\"server busy\") at once and the server "
           "keeps serving. 0 = no limit.");
+ABSL_FLAG(int32_t, max_device_sessions, 8,
+          "Most device sessions (DeviceSession calls) open at once; one more is "
+          "RESOURCE_EXHAUSTED. Each host-plane session holds CPU threads. 0 = none.");
+ABSL_FLAG(int32_t, host_plane_threads, 0,
+          "CPU threads that sample one host-plane device-session step; 0 = one per core, at "
+          "most 8.");
+ABSL_FLAG(int32_t, session_spin_us, 20000,
+          "How long a host-plane session's poller spins on its doorbell after a step, in "
+          "microseconds, before it falls back to sleeping polls (spinning costs a core; "
+          "sleeping adds up to 50 us to a step). 0 = never spin.");
 ABSL_FLAG(std::string, shm_prefix, "/samplerd-",
           "Required start of host shared-memory keys in RegisterRegion (a '/' and at least one "
           "more character, no further '/' or \"..\"). Keys are refused otherwise.");
@@ -118,6 +128,25 @@ absl::Status LimitsFromFlags(core::Limits* limits) {
   return absl::OkStatus();
 }
 
+absl::Status SessionsFromFlags(core::DeviceSessionOptions* sessions) {
+  sessions->max_sessions = absl::GetFlag(FLAGS_max_device_sessions);
+  sessions->host.threads = absl::GetFlag(FLAGS_host_plane_threads);
+  sessions->host.spin_us = absl::GetFlag(FLAGS_session_spin_us);
+  if (sessions->max_sessions < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected --max_device_sessions >= 0 (0 = none), got ", sessions->max_sessions));
+  }
+  if (sessions->host.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected --host_plane_threads >= 0 (0 = auto), got ", sessions->host.threads));
+  }
+  if (sessions->host.spin_us < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --session_spin_us >= 0, got ", sessions->host.spin_us));
+  }
+  return absl::OkStatus();
+}
+
 bool IsThisFile(absl::string_view file) { return absl::EndsWith(file, "service/flags.cc"); }
 
 }  // namespace
@@ -146,6 +175,8 @@ absl::StatusOr<ProcessOptions> OptionsFromFlags() {
   RETURN_IF_ERROR(LimitsFromFlags(&options.core.limits));
   options.core.regions.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   RETURN_IF_ERROR(core::ValidateShmPrefix(options.core.regions.shm_prefix));
+
+  RETURN_IF_ERROR(SessionsFromFlags(&options.core.sessions));
 
   options.grace_period = absl::GetFlag(FLAGS_grace_period);
   if (options.grace_period < absl::ZeroDuration()) {

@@ -121,6 +121,9 @@ int main(int argc, char** argv) {
                                              : "backend fault",
                    ": NOT_SERVING, draining (grace ", absl::FormatDuration(grace), ")"));
   (*server)->SetServing(false);
+  // Device sessions end first: their engines' waits complete with ABORTED at once, and their
+  // calls end UNAVAILABLE, so that Shutdown need not wait for them.
+  (*core)->sessions().CloseAll();
   const absl::Time deadline = absl::Now() + grace;
   (*server)->Shutdown(deadline);
   const bool drained = (*core)->Drain(deadline);

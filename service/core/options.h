@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "service/core/gpu_ipc.h"
 #include "service/core/regions.h"
+#include "service/core/session/gpu_plane.h"
+#include "service/core/session/host_plane.h"
 #include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::core {
@@ -29,6 +31,14 @@ struct Limits {
 
 enum class BackendChoice { kAuto, kCpu, kGpu };
 
+// Device sessions (SessionManager, service/core/session/session_manager.h).
+struct DeviceSessionOptions {
+  // Most sessions open at once (--max_device_sessions); one more is RESOURCE_EXHAUSTED. 0: none.
+  int32_t max_sessions = 8;
+  HostPlaneOptions host;  // --host_plane_threads, --session_spin_us
+  GpuPlaneOptions gpu;
+};
+
 struct CoreOptions {
   BackendChoice backend = BackendChoice::kAuto;
   // The GPU to sample on, by PCI bus id or UUID (--gpu); empty: the first the runtime lists.
@@ -43,6 +53,8 @@ struct CoreOptions {
   std::function<void(const absl::Status&)> on_fatal;
   // Host shm key prefix and other region settings (--shm_prefix).
   RegionOptions regions;
+  // Device sessions: how many, and how their planes run.
+  DeviceSessionOptions sessions;
   // GPU IPC (memory regions and events) for a GPU backend; null: none, and registering a
   // gpu_ipc region or sending an IPC event is FAILED_PRECONDITION. Tests set a fake. The hook
   // for the runtime's implementation is in SamplerCore::Create (sampler_core.cc).

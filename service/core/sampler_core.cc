@@ -10,6 +10,7 @@
 #include "service/core/counting_gpu_ipc.h"
 #include "service/core/cpu_backend.h"
 #include "service/core/device_match.h"
+#include "service/core/mps.h"
 #include "service/core/request_io.h"
 #include "service/core/status_macros.h"
 #include "service/core/validation.h"
@@ -41,6 +42,13 @@ std::vector<IpcDevice> IpcDevices(const Sampler& sampler) {
   const DeviceInfo& d = sampler.device();
   if (sampler.kind() != BackendKind::kGpu || !d.ipc_memory) return {};
   return {IpcDevice{d.ordinal, d.pci_bus_id, d.uuid}};
+}
+
+// The sampler's device as device sessions see it: IPC memory only with a GpuIpc.
+DeviceInfo SessionDevice(const Sampler& sampler, bool has_gpu_ipc) {
+  DeviceInfo device = sampler.device();
+  if (!has_gpu_ipc) device.ipc_memory = device.ipc_events = false;
+  return device;
 }
 
 }  // namespace
@@ -111,6 +119,9 @@ SamplerCore::SamplerCore(const CoreOptions& options, std::unique_ptr<Sampler> sa
       regions_(
           std::make_unique<RegionRegistry>(options.regions, gpu_ipc_.get(), IpcDevices(*sampler_))),
       events_(gpu_ipc_ != nullptr ? std::make_unique<IpcEventCache>(gpu_ipc_.get()) : nullptr),
+      sessions_(std::make_unique<SessionManager>(
+          regions_.get(), sampler_->kind(), SessionDevice(*sampler_, gpu_ipc_ != nullptr),
+          options.limits, options.sessions, DefaultRunnerFactory(options.sessions))),
       executor_(std::make_unique<Executor>()) {}
 
 SamplerCore::~SamplerCore() { executor_.reset(); }
@@ -276,6 +287,7 @@ int64_t SamplerCore::admitted() const {
 
 bool SamplerCore::Drain(absl::Time deadline) {
   draining_.store(true, std::memory_order_release);
+  sessions_->CloseAll();
   std::unique_lock<std::mutex> lock(mu_);
   return idle_cv_.wait_for(
       lock, absl::ToChronoNanoseconds(std::max(deadline - absl::Now(), absl::ZeroDuration())),
@@ -295,6 +307,8 @@ ServerInfo SamplerCore::Info() const {
     for (DeviceInfo& d : info.devices) d.ipc_memory = d.ipc_events = false;
   }
   info.limits = options_.limits;
+  info.device_sessions = sessions_->Support();
+  info.device_sessions.mps = UnderMps();
   return info;
 }
 

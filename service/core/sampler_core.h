@@ -23,6 +23,7 @@
 #include "service/core/request_io.h"
 #include "service/core/sampler.h"
 #include "service/core/seed_source.h"
+#include "service/core/session/session_manager.h"
 
 namespace samplerd::core {
 
@@ -32,6 +33,7 @@ struct ServerInfo {
   BackendKind backend = BackendKind::kCpu;
   std::vector<DeviceInfo> devices;
   Limits limits;
+  SessionSupport device_sessions;
 };
 
 class SamplerCore {
@@ -66,8 +68,9 @@ class SamplerCore {
   // first use of an IPC event handle opens it (a runtime call).
   absl::Status SampleAsync(SampleRequest request, Callback done);
 
-  // Stops accepting requests (later ones get UNAVAILABLE) and waits until those in flight have
-  // finished or `deadline` passes. Returns true when nothing is left in flight.
+  // Stops accepting requests (later ones get UNAVAILABLE) and device sessions (ending the open
+  // ones, sessions().CloseAll()), and waits until requests in flight have finished or
+  // `deadline` passes. Returns true when nothing is left in flight.
   bool Drain(absl::Time deadline);
 
   // Sampling requests and stream steps admitted and not yet answered (what max_inflight
@@ -83,6 +86,10 @@ class SamplerCore {
 
   // The registered regions (RegisterRegion, UnregisterRegion, ListRegions).
   RegionRegistry& regions() { return *regions_; }
+
+  // The device sessions (DeviceSession). Drain ends them first: call sessions().CloseAll()
+  // before waiting for the transport's calls, so that a session's call can finish.
+  SessionManager& sessions() { return *sessions_; }
 
   // Closes every region and cached IPC event. Call after Drain, once nothing is in flight.
   void CloseRegions();
@@ -118,6 +125,8 @@ class SamplerCore {
   std::shared_ptr<GpuIpc> gpu_ipc_;
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<IpcEventCache> events_;  // null without options_.gpu_ipc
+  // After regions_: sessions hold leases on them, and end before the registry closes.
+  std::unique_ptr<SessionManager> sessions_;
   // Declared last: destroyed first, so queued tasks finish while the members above live.
   std::unique_ptr<Executor> executor_;
 };

@@ -155,6 +155,42 @@ void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out) {
   limits->set_max_vocab(in.limits.max_vocab);
   limits->set_max_message_bytes(in.limits.max_message_bytes);
   limits->set_max_top_logprobs(in.limits.max_top_logprobs);
+  limits->set_max_device_sessions(in.device_sessions.max_sessions);
+  v1::DeviceSessionSupport* sessions = out->mutable_device_sessions();
+  sessions->set_gpu_plane(in.device_sessions.gpu_plane);
+  sessions->set_host_plane(in.device_sessions.host_plane);
+  sessions->set_mps(in.device_sessions.mps);
+  sessions->set_open_sessions(in.device_sessions.open_sessions);
+}
+
+namespace {
+
+core::SessionSlice FromProto(const v1::RegionSlice& in) { return {in.region(), in.offset()}; }
+
+}  // namespace
+
+void FromProto(const v1::DeviceSessionOpen& in, core::SessionOpen* out) {
+  out->device = in.device();
+  out->dtype = static_cast<int32_t>(in.dtype());
+  out->max_batch = in.max_batch();
+  out->vocab = in.vocab();
+  out->row_stride = in.row_stride();
+  out->control = FromProto(in.control());
+  out->logits = FromProto(in.logits());
+  out->params = FromProto(in.params());
+  out->token_ids = FromProto(in.token_ids());
+  out->row_status = FromProto(in.row_status());
+  out->sampled_logprobs =
+      in.has_sampled_logprobs() ? FromProto(in.sampled_logprobs()) : core::SessionSlice{};
+  out->logprob_source = static_cast<int32_t>(in.logprob_source());
+  out->plane = static_cast<int32_t>(in.plane());
+}
+
+void ToProto(const core::OpenedSession& in, v1::DeviceSessionOpened* out) {
+  out->set_session_id(in.id);
+  out->set_plane(in.plane == core::SessionPlane::kGpu ? v1::DEVICE_PLANE_GPU
+                                                      : v1::DEVICE_PLANE_HOST);
+  out->set_device(in.device);
 }
 
 }  // namespace samplerd::grpc_transport

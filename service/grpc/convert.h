@@ -10,6 +10,7 @@
 #include "service/core/regions.h"
 #include "service/core/request.h"
 #include "service/core/sampler_core.h"
+#include "service/core/session/session_manager.h"
 
 namespace samplerd::grpc_transport {
 
@@ -32,6 +33,13 @@ void ToProto(const core::RegionInfo& in, v1::RegionInfo* out);
 
 // Fills `out` from the server's description.
 void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out);
+
+// Fills `out` from a DeviceSessionOpen. Enum numbers are copied as they are (unknown ones
+// included): SessionManager::Open checks them.
+void FromProto(const v1::DeviceSessionOpen& in, core::SessionOpen* out);
+
+// Fills `out` from an opened session.
+void ToProto(const core::OpenedSession& in, v1::DeviceSessionOpened* out);
 
 }  // namespace samplerd::grpc_transport
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "service/grpc/convert.h"
+#include "service/grpc/device_session_reactor.h"
 #include "service/grpc/peer.h"
 #include "service/grpc/sample_stream_reactor.h"
 #include "service/grpc/status_convert.h"
@@ -88,6 +89,11 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::Sample(grpc::CallbackServerContext
 grpc::ServerBidiReactor<v1::SampleStreamRequest, v1::SampleStreamResponse>*
 SamplerServiceImpl::SampleStream(grpc::CallbackServerContext* context) {
   return new SampleStreamReactor(core_, context, allow_remote_regions_, metrics_);
+}
+
+grpc::ServerBidiReactor<v1::DeviceSessionRequest, v1::DeviceSessionResponse>*
+SamplerServiceImpl::DeviceSession(grpc::CallbackServerContext* context) {
+  return new DeviceSessionReactor(&core_->sessions(), context, allow_remote_regions_);
 }
 
 grpc::ServerUnaryReactor* SamplerServiceImpl::RegisterRegion(

@@ -44,6 +44,9 @@ class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::GetServerInfoResponse* response) override;
+  // Served like the region calls (a session names regions). Not counted in metrics yet.
+  grpc::ServerBidiReactor<v1::DeviceSessionRequest, v1::DeviceSessionResponse>* DeviceSession(
+      grpc::CallbackServerContext* context) override;
 
  private:
   // Counts `status` for `method`, then finishes `reactor` with it.

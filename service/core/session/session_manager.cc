@@ -1,0 +1,419 @@
+// SessionManager: open validation (the rules of device_session.h, in a fixed order so that each
+// bad open gets one exact code), the map of open sessions, and their ends.
+//
+// Ends: whoever takes a session out of the map ends it (stops the runner, which releases the
+// leases when destroyed) and, unless that is Close, calls its EndCallback. A runner's fault
+// arrives on the runner's own thread, where the runner cannot be stopped, so the manager's
+// ender thread ends faulted sessions.
+#include "service/core/session/session_manager.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "proto/samplerd/v1/device_session.h"
+#include "service/core/device_match.h"
+#include "service/core/status_macros.h"
+
+namespace samplerd::core {
+namespace {
+
+// The buffers in SessionSpec::leases order.
+enum Buffer { kControl, kLogits, kParams, kTokenIds, kRowStatus, kSampledLogprobs, kBuffers };
+
+constexpr std::array<const char*, kBuffers> kBufferNames = {
+    "control", "logits", "params", "token_ids", "row_status", "sampled_logprobs"};
+
+std::string Field(int buffer) { return absl::StrCat("DeviceSessionOpen.", kBufferNames[buffer]); }
+
+absl::Status Invalid(absl::string_view expected, absl::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat("expected ", expected, ", got ", got));
+}
+
+const char* KindName(RegionKind kind) {
+  return kind == RegionKind::kGpuIpc ? "GPU IPC" : "host shm";
+}
+
+absl::StatusOr<kernels::DType> DTypeOf(int32_t dtype) {
+  switch (dtype) {
+    case 1:
+      return kernels::DType::kFp32;
+    case 2:
+      return kernels::DType::kFp16;
+    case 3:
+      return kernels::DType::kBf16;
+    default:
+      break;
+  }
+  return Invalid("DeviceSessionOpen.dtype DTYPE_FP32, DTYPE_FP16 or DTYPE_BF16",
+                 dtype == 0 ? "DTYPE_UNSPECIFIED" : absl::StrCat("the unknown value ", dtype));
+}
+
+const char* DTypeName(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::kFp32:
+      return "fp32";
+    case kernels::DType::kFp16:
+      return "fp16";
+    case kernels::DType::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+// Prefixes a lease error with the buffer it is about, keeping its code.
+absl::Status AboutBuffer(int buffer, absl::string_view what, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat(Field(buffer), " (", what, "): ", status.message()));
+}
+
+}  // namespace
+
+SessionManager::SessionManager(RegionRegistry* regions, BackendKind backend, DeviceInfo device,
+                               Limits limits, DeviceSessionOptions options, RunnerFactory factory)
+    : regions_(regions),
+      backend_(backend),
+      device_(std::move(device)),
+      limits_(limits),
+      options_(std::move(options)),
+      factory_(std::move(factory)),
+      ender_([this] { EnderLoop(); }) {}
+
+SessionManager::~SessionManager() {
+  CloseAll();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  ender_cv_.notify_all();
+  ender_.join();
+}
+
+absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
+                                     OpenedSession* opened) {
+  // Shape and enums.
+  ASSIGN_OR_RETURN(spec->dtype, DTypeOf(open.dtype));
+  if (open.max_batch < 1) return Invalid("DeviceSessionOpen.max_batch >= 1", "0");
+  if (open.vocab < 1) return Invalid("DeviceSessionOpen.vocab >= 1", "0");
+  if (open.max_batch > limits_.max_batch) {
+    return absl::ResourceExhaustedError(absl::StrCat("expected max_batch <= ", limits_.max_batch,
+                                                     " (server limit), got ", open.max_batch));
+  }
+  if (open.vocab > limits_.max_vocab) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "expected vocabulary size V <= ", limits_.max_vocab, " (server limit), got ", open.vocab));
+  }
+  const uint64_t stride = open.row_stride == 0 ? open.vocab : open.row_stride;
+  if (stride < open.vocab) {
+    return Invalid(absl::StrCat("DeviceSessionOpen.row_stride 0 or >= V = ", open.vocab),
+                   absl::StrCat(open.row_stride));
+  }
+  // Bounds the byte counts below far from overflow (V is bounded already), as Sample does.
+  const uint64_t max_stride = static_cast<uint64_t>(limits_.max_vocab) * 16;
+  if (stride > max_stride) {
+    return Invalid(absl::StrCat("DeviceSessionOpen.row_stride <= ", max_stride),
+                   absl::StrCat(open.row_stride));
+  }
+  switch (open.logprob_source) {
+    case 0:
+    case 1:
+      spec->logprob_source = kernels::LogprobSource::kRaw;
+      break;
+    case 2:
+      spec->logprob_source = kernels::LogprobSource::kProcessed;
+      break;
+    default:
+      return Invalid("DeviceSessionOpen.logprob_source 0 to 2 (LogprobSource)",
+                     absl::StrCat("the unknown value ", open.logprob_source));
+  }
+  if (open.plane < 0 || open.plane > 2) {
+    return Invalid("DeviceSessionOpen.plane 0 to 2 (DevicePlane)",
+                   absl::StrCat("the unknown value ", open.plane));
+  }
+  const bool gpu_served = backend_ == BackendKind::kGpu && device_.ipc_memory;
+  if (open.plane == 1 && !gpu_served) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expected a server that can serve DEVICE_PLANE_GPU, got ",
+                     backend_ == BackendKind::kCpu
+                         ? "a server that samples on the CPU: use host shm buffers (the host plane)"
+                         : "a GPU server without GPU IPC: use host shm buffers (the host plane)"));
+  }
+
+  // The buffers: present, leased with their full size.
+  const std::array<const SessionSlice*, kBuffers> slices = {
+      &open.control,   &open.logits,     &open.params,
+      &open.token_ids, &open.row_status, &open.sampled_logprobs};
+  for (int b = 0; b < kSampledLogprobs; ++b) {
+    if (slices[b]->region.empty()) {
+      return Invalid(absl::StrCat(Field(b), " to name a registered region"), "none");
+    }
+  }
+  const uint64_t m = open.max_batch;
+  const uint64_t elem = static_cast<uint64_t>(kernels::DTypeSize(spec->dtype));
+  const std::array<uint64_t, kBuffers> bytes = {SAMPLERD_CONTROL_BYTES,
+                                                m * stride * elem,
+                                                samplerd_params_bytes(open.max_batch),
+                                                4 * m,
+                                                4 * m,
+                                                4 * m};
+  const std::array<uint64_t, kBuffers> align = {
+      SAMPLERD_CONTROL_ALIGN, elem, SAMPLERD_PARAMS_ALIGN, 4, 4, 4};
+  const std::array<std::string, kBuffers> what = {
+      absl::StrCat(SAMPLERD_CONTROL_BYTES, " bytes"),
+      absl::StrCat("[max_batch ", m, ", row_stride ", stride, "] ", DTypeName(spec->dtype)),
+      absl::StrCat("36 * max_batch ", m, " bytes"),
+      absl::StrCat("int32[max_batch ", m, "]"),
+      absl::StrCat("int32[max_batch ", m, "]"),
+      absl::StrCat("float32[max_batch ", m, "]")};
+  const int buffers = open.sampled_logprobs.region.empty() ? kSampledLogprobs : kBuffers;
+  for (int b = 0; b < buffers; ++b) {
+    absl::StatusOr<RegionLease> lease =
+        regions_->Acquire(slices[b]->region, slices[b]->offset, bytes[b]);
+    if (!lease.ok()) return AboutBuffer(b, what[b], lease.status());
+    spec->leases[b] = *std::move(lease);
+  }
+
+  // One kind of region, fitting the plane and the server.
+  const RegionKind kind = spec->leases[kControl].view().kind;
+  for (int b = 1; b < buffers; ++b) {
+    const RegionKind other = spec->leases[b].view().kind;
+    if (other != kind) {
+      return Invalid("every buffer in one kind of region (all host shm or all GPU IPC)",
+                     absl::StrCat(Field(kControl), " in ", KindName(kind), " and ", Field(b),
+                                  " in ", KindName(other)));
+    }
+  }
+  if (open.plane == 1 && kind != RegionKind::kGpuIpc) {
+    return absl::FailedPreconditionError(
+        "expected GPU IPC buffers for DEVICE_PLANE_GPU, got host shm regions (their plane is "
+        "DEVICE_PLANE_HOST)");
+  }
+  if (open.plane == 2 && kind != RegionKind::kHostShm) {
+    return absl::FailedPreconditionError(
+        "expected host shm buffers for DEVICE_PLANE_HOST, got GPU IPC regions (their plane is "
+        "DEVICE_PLANE_GPU)");
+  }
+  if (kind == RegionKind::kGpuIpc) {
+    if (!gpu_served) {
+      return absl::FailedPreconditionError(
+          "expected host shm buffers on a server without the GPU plane, got GPU IPC regions");
+    }
+    RETURN_IF_ERROR(MatchDevice(open.device, device_));
+    for (int b = 0; b < buffers; ++b) {
+      const int ordinal = spec->leases[b].view().device_ordinal;
+      if (ordinal != device_.ordinal) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("expected every buffer on this server's GPU ", device_.pci_bus_id,
+                         ", got ", Field(b), " on another GPU (runtime ordinal ", ordinal, ")"));
+      }
+    }
+    spec->plane = SessionPlane::kGpu;
+    spec->device_ordinal = device_.ordinal;
+    opened->plane = SessionPlane::kGpu;
+    opened->device = device_.pci_bus_id;
+  } else {
+    spec->plane = SessionPlane::kHost;
+    opened->plane = SessionPlane::kHost;
+    for (int b : {kControl, kTokenIds, kRowStatus, kSampledLogprobs}) {
+      if (b < buffers && !spec->leases[b].view().writable) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "expected ", Field(b),
+            " in a region samplerd can write, got a host shm object it could open only "
+            "read-only (give the server's user write permission on it)"));
+      }
+    }
+  }
+
+  // Alignment and overlap, on the resolved addresses.
+  for (int b = 0; b < buffers; ++b) {
+    const uintptr_t address = reinterpret_cast<uintptr_t>(spec->leases[b].view().data);
+    if (address % align[b] != 0) {
+      return Invalid(absl::StrCat(Field(b), " aligned to ", align[b], " bytes"),
+                     absl::StrCat("an address ", address % align[b], " bytes past a multiple of ",
+                                  align[b], " (region offset ", slices[b]->offset, ")"));
+    }
+  }
+  for (int a = 0; a < buffers; ++a) {
+    for (int b = a + 1; b < buffers; ++b) {
+      const RegionView& x = spec->leases[a].view();
+      const RegionView& y = spec->leases[b].view();
+      const uintptr_t x0 = reinterpret_cast<uintptr_t>(x.data);
+      const uintptr_t y0 = reinterpret_cast<uintptr_t>(y.data);
+      const uintptr_t start = std::max(x0, y0);
+      const uintptr_t end = std::min(x0 + x.size, y0 + y.size);
+      if (start < end) {
+        return Invalid(
+            "buffers that do not overlap",
+            absl::StrCat(Field(a), " and ", Field(b), " sharing ", end - start, " bytes"));
+      }
+    }
+  }
+
+  spec->max_batch = open.max_batch;
+  spec->vocab = open.vocab;
+  spec->row_stride = stride;
+  spec->control = spec->leases[kControl].view().data;
+  spec->logits = spec->leases[kLogits].view().data;
+  spec->params = spec->leases[kParams].view().data;
+  spec->token_ids = reinterpret_cast<int32_t*>(spec->leases[kTokenIds].view().data);
+  spec->row_status = reinterpret_cast<int32_t*>(spec->leases[kRowStatus].view().data);
+  spec->sampled_logprobs =
+      buffers == kBuffers ? reinterpret_cast<float*>(spec->leases[kSampledLogprobs].view().data)
+                          : nullptr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndCallback on_end) {
+  const absl::Status draining =
+      absl::UnavailableError("samplerd is shutting down; open the session on another instance");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_all_) return draining;
+  }
+  SessionSpec spec;
+  OpenedSession opened;
+  RETURN_IF_ERROR(Prepare(open, &spec, &opened));
+
+  // Reserve the session (its control block and a slot) before starting its runner.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closing_all_) return draining;
+    for (const auto& [id, session] : sessions_) {
+      if (session->control == spec.control) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("expected a control block no open session uses, got the one of session ",
+                         id, " (close it first; one session per control block)"));
+      }
+    }
+    if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("expected fewer than ", options_.max_sessions,
+                       " open device sessions (--max_device_sessions), got ", sessions_.size(),
+                       " open; close one or retry later"));
+    }
+    opened.id = absl::StrCat("ds-", ++next_id_);
+    auto session = std::make_unique<Session>();
+    session->id = opened.id;
+    session->control = spec.control;
+    session->on_end = std::move(on_end);
+    sessions_.emplace(opened.id, std::move(session));
+  }
+  spec.id = opened.id;
+  absl::StatusOr<std::unique_ptr<PlaneRunner>> runner = factory_(
+      std::move(spec), [this, id = opened.id](const absl::Status& status) { OnFault(id, status); });
+
+  std::unique_ptr<Session> failed;
+  absl::Status error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(opened.id);  // only this call removes a session while it starts
+    if (!runner.ok()) {
+      error = runner.status();
+    } else if (closing_all_) {
+      error = draining;
+    } else if (!it->second->early_fault.ok()) {
+      error = it->second->early_fault;
+    } else {
+      it->second->runner = *std::move(runner);
+      return opened;
+    }
+    failed = std::move(it->second);
+    sessions_.erase(it);
+  }
+  if (runner.ok() && *runner != nullptr) (*runner)->Stop();
+  return error;
+}
+
+absl::StatusOr<uint64_t> SessionManager::Close(const std::string& id) {
+  std::unique_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->runner == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("expected an open device session, got \"", id, "\", which has ended"));
+    }
+    session = std::move(it->second);
+    sessions_.erase(it);
+  }
+  session->runner->Stop();
+  const uint64_t steps = session->runner->steps();
+  session->runner.reset();  // releases the leases
+  return steps;
+}
+
+void SessionManager::CloseAll() {
+  std::vector<std::unique_ptr<Session>> ending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_all_ = true;
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (it->second->runner == nullptr) {  // starting: its Open ends it
+        ++it;
+        continue;
+      }
+      ending.push_back(std::move(it->second));
+      it = sessions_.erase(it);
+    }
+  }
+  // Every engine wait is released first (Stop writes ABORTED), then the callbacks run.
+  for (const std::unique_ptr<Session>& session : ending) session->runner->Stop();
+  const absl::Status status = absl::UnavailableError(
+      "samplerd is shutting down: the device session has ended (its engine wait completed with "
+      "step status ABORTED); open a new one on another instance");
+  for (std::unique_ptr<Session>& session : ending) {
+    session->runner.reset();
+    if (session->on_end) session->on_end(status);
+  }
+}
+
+void SessionManager::OnFault(const std::string& id, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    faults_.emplace_back(id,
+                         status.ok() ? absl::InternalError("the plane runner stopped") : status);
+  }
+  ender_cv_.notify_all();
+}
+
+void SessionManager::EnderLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    ender_cv_.wait(lock, [this] { return stopping_ || !faults_.empty(); });
+    if (faults_.empty()) return;  // stopping_
+    auto [id, status] = std::move(faults_.front());
+    faults_.pop_front();
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) continue;  // closed meanwhile
+    if (it->second->runner == nullptr) {  // still starting: Open ends it
+      it->second->early_fault = status;
+      continue;
+    }
+    std::unique_ptr<Session> session = std::move(it->second);
+    sessions_.erase(it);
+    lock.unlock();
+    session->runner->Stop();
+    session->runner.reset();
+    if (session->on_end) session->on_end(status);
+    session.reset();
+    lock.lock();
+  }
+}
+
+int SessionManager::open_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(sessions_.size());
+}
+
+SessionSupport SessionManager::Support() const {
+  SessionSupport support;
+  support.max_sessions = options_.max_sessions;
+  support.gpu_plane = backend_ == BackendKind::kGpu && device_.ipc_memory;
+  support.host_plane = true;
+  support.open_sessions = open_count();
+  return support;
+}
+
+}  // namespace samplerd::core
