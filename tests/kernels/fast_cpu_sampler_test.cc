@@ -1,0 +1,350 @@
+// FastCpuSampler (kernels/cpu_fast) against the kernels/cpu oracle: thousands of random rows over
+// dtypes, vocabulary sizes, batch sizes and every filter, plus degenerate rows, thread-count and
+// batch invariance, the logprobs path and the task guard. Greedy tokens must be identical;
+// sampled tokens equal except at a float near-tie of the two best perturbed scores.
+#include "kernels/cpu_fast/fast_cpu_sampler.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/common/philox.h"
+#include "kernels/cpu/cpu_sampler.h"
+#include "kernels/cpu/half_float.h"
+
+namespace samplerd::kernels {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// fp32 -> fp16 / bf16 bits by truncation (any bits will do: both samplers read the same ones).
+uint16_t ToBf16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if (std::isnan(v)) return 0x7FC0;
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+uint16_t ToHalf(float v) {
+  if (std::isnan(v)) return 0x7E00;
+  if (v == kInf) return 0x7C00;
+  if (v == -kInf) return 0xFC00;
+  const uint16_t sign = v < 0 ? 0x8000 : 0;
+  float a = std::fabs(v);
+  if (a >= 65504.0f) return sign | 0x7BFF;
+  if (a < 6.1035156e-05f) return sign | static_cast<uint16_t>(a / 5.9604645e-08f);
+  int e;
+  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const uint16_t mant = static_cast<uint16_t>((m * 2.0f - 1.0f) * 1024.0f);
+  return sign | static_cast<uint16_t>((e - 1 + 15) << 10) | mant;
+}
+
+struct Batch {
+  DType dtype = DType::kFp32;
+  int64_t batch = 0;
+  int64_t vocab = 0;
+  std::vector<float> values;         // [batch, vocab], before conversion
+  std::vector<unsigned char> bytes;  // the logits as the sampler reads them
+  std::vector<RowParams> params;
+  int32_t top_logprobs = -1;
+
+  // The value the samplers see for (row, j).
+  float At(int64_t row, int64_t j) const {
+    const int64_t i = row * vocab + j;
+    if (dtype == DType::kFp32) return values[i];
+    uint16_t bits;
+    std::memcpy(&bits, &bytes[i * 2], 2);
+    return dtype == DType::kBf16 ? Bf16BitsToFloat(bits) : HalfBitsToFloat(bits);
+  }
+
+  void Encode() {
+    const int64_t n = batch * vocab;
+    bytes.assign(n * DTypeSize(dtype), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (dtype == DType::kFp32) {
+        std::memcpy(&bytes[i * 4], &values[i], 4);
+      } else {
+        const uint16_t b = dtype == DType::kBf16 ? ToBf16(values[i]) : ToHalf(values[i]);
+        std::memcpy(&bytes[i * 2], &b, 2);
+      }
+    }
+  }
+};
+
+struct Outputs {
+  std::vector<int32_t> tokens;
+  std::vector<RowStatus> status;
+  std::vector<float> logprob;
+  std::vector<int64_t> rank;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_values;
+};
+
+SampleArgs ArgsFor(const Batch& b, Outputs& out) {
+  out.tokens.assign(b.batch, -2);
+  out.status.assign(b.batch, static_cast<RowStatus>(99));
+  const int64_t top_n = b.top_logprobs > 0 ? b.top_logprobs : 0;
+  out.logprob.assign(b.batch, 99.0f);
+  out.rank.assign(b.batch, -99);
+  out.top_ids.assign(b.batch * top_n + 1, -99);
+  out.top_values.assign(b.batch * top_n + 1, 99.0f);
+  SampleArgs args;
+  args.logits = b.bytes.data();
+  args.dtype = b.dtype;
+  args.batch = b.batch;
+  args.vocab = b.vocab;
+  args.row_stride = b.vocab;
+  args.params = b.params.data();
+  args.params_count = static_cast<int64_t>(b.params.size());
+  args.top_logprobs = b.top_logprobs;
+  args.token_ids = out.tokens.data();
+  args.status = out.status.data();
+  args.sampled_logprob = out.logprob.data();
+  args.sampled_rank = out.rank.data();
+  args.top_ids = out.top_ids.data();
+  args.top_values = out.top_values.data();
+  return args;
+}
+
+Outputs RunOracle(const Batch& b) {
+  Outputs out;
+  CpuSampleRows(ArgsFor(b, out), 0, b.batch);
+  return out;
+}
+
+Outputs RunFast(const Batch& b, FastCpuSampler& sampler) {
+  Outputs out;
+  EXPECT_TRUE(sampler.Sample(ArgsFor(b, out)));
+  return out;
+}
+
+// Perturbed score of token j of row `row` (the +inf case scores G alone).
+float Score(const Batch& b, int64_t row, int32_t j) {
+  const RowParams& p = b.params[b.params.size() == 1 ? 0 : row];
+  const float z = b.At(row, j) / p.temperature;
+  const float g = GumbelNoise(p.seed, p.position, static_cast<uint64_t>(j));
+  return z == kInf ? g : z + g;
+}
+
+// Checks `fast` against `oracle`; returns how many sampled tokens differ (each a near-tie).
+int Compare(const Batch& b, const Outputs& fast, const Outputs& oracle, const std::string& what) {
+  int differences = 0;
+  for (int64_t row = 0; row < b.batch; ++row) {
+    const RowParams& p = b.params[b.params.size() == 1 ? 0 : row];
+    EXPECT_EQ(fast.status[row], oracle.status[row]) << what << " row " << row;
+    const int32_t f = fast.tokens[row];
+    const int32_t o = oracle.tokens[row];
+    if (f == o) continue;
+    if (p.temperature < kGreedyTemperature || o < 0 || f < 0) {
+      ADD_FAILURE() << what << " row " << row << ": expected token " << o << ", got " << f;
+      continue;
+    }
+    ++differences;
+    const float sf = Score(b, row, f);
+    const float so = Score(b, row, o);
+    EXPECT_LE(std::fabs(sf - so), 1e-5f * std::fmax(1.0f, std::fabs(so)))
+        << what << " row " << row << ": tokens " << f << " / " << o << " are no near-tie";
+  }
+  return differences;
+}
+
+struct Setting {
+  const char* name;
+  RowParams params;
+};
+
+RowParams P(float t, int32_t k = 0, float top_p = 1.0f, float min_p = 0.0f,
+            TopPMode mode = TopPMode::kTopKFirst) {
+  RowParams p;
+  p.temperature = t;
+  p.top_k = k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.top_p_mode = mode;
+  return p;
+}
+
+const Setting kSettings[] = {
+    {"greedy", P(0.0f)},
+    {"temperature 0.8", P(0.8f)},
+    {"temperature 1.3", P(1.3f)},
+    {"top-k 1", P(1.0f, 1)},
+    {"top-k 50", P(1.0f, 50)},
+    {"top-k >= V", P(1.0f, 1 << 30)},
+    {"top-p 0.5", P(1.0f, 0, 0.5f)},
+    {"top-p 0.95", P(0.9f, 0, 0.95f)},
+    {"top-p 1", P(1.0f, 0, 1.0f)},
+    {"min-p 0.1", P(1.0f, 0, 1.0f, 0.1f)},
+    {"top-k 50 + top-p 0.9 T 0.8", P(0.8f, 50, 0.9f)},
+    {"min-p + top-k + top-p", P(1.0f, 100, 0.8f, 0.02f)},
+    {"joint top-k 20 top-p 0.7", P(1.0f, 20, 0.7f, 0.0f, TopPMode::kJoint)},
+    {"joint top-p 0.9", P(1.0f, 0, 0.9f, 0.0f, TopPMode::kJoint)},
+    {"joint min-p top-p", P(0.7f, 0, 0.6f, 0.05f, TopPMode::kJoint)},
+};
+
+// B rows of randn * 3 with every setting assigned in turn and random seeds / positions; some
+// rows get ties (values rounded to a grid), NaN, all -inf, +inf tokens or -inf tokens.
+Batch RandomBatch(DType dtype, int64_t batch, int64_t vocab, std::mt19937_64& rng,
+                  bool degenerate) {
+  Batch b;
+  b.dtype = dtype;
+  b.batch = batch;
+  b.vocab = vocab;
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  b.values.resize(batch * vocab);
+  for (float& v : b.values) v = normal(rng);
+  for (int64_t row = 0; row < batch; ++row) {
+    RowParams p = kSettings[rng() % std::size(kSettings)].params;
+    p.seed = rng();
+    p.position = rng() % 100000;
+    b.params.push_back(p);
+    float* x = &b.values[row * vocab];
+    if (!degenerate) continue;
+    switch (rng() % 8) {
+      case 0:  // heavy ties
+        for (int64_t j = 0; j < vocab; ++j) x[j] = std::round(x[j]);
+        break;
+      case 1:
+        x[rng() % vocab] = kNaN;
+        break;
+      case 2:
+        for (int64_t j = 0; j < vocab; ++j) x[j] = -kInf;
+        break;
+      case 3:
+        x[rng() % vocab] = kInf;
+        x[rng() % vocab] = kInf;
+        break;
+      case 4:
+        for (int64_t j = 0; j < vocab; j += 2) x[j] = -kInf;
+        break;
+      case 5:  // all tied
+        for (int64_t j = 0; j < vocab; ++j) x[j] = 1.5f;
+        break;
+      default:
+        break;
+    }
+  }
+  b.Encode();
+  return b;
+}
+
+FastCpuSampler::Options Threads(int threads) {
+  FastCpuSampler::Options options;
+  options.threads = threads;
+  options.spin_us = 50;
+  return options;
+}
+
+TEST(FastCpuSamplerTest, RandomRowsMatchTheOracle) {
+  std::mt19937_64 rng(1234);
+  FastCpuSampler sampler(Threads(3));
+  int rows = 0;
+  int differences = 0;
+  for (DType dtype : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+    for (int64_t vocab : {1, 111, 1000, 32000}) {
+      for (int64_t batch : {1, 3, 64}) {
+        const int repeats = vocab >= 32000 ? 1 : 6;
+        for (int rep = 0; rep < repeats; ++rep) {
+          const Batch b = RandomBatch(dtype, batch, vocab, rng, rep % 2 == 1);
+          const std::string what = "dtype " + std::to_string(static_cast<int>(dtype)) + " V " +
+                                   std::to_string(vocab) + " B " + std::to_string(batch);
+          differences += Compare(b, RunFast(b, sampler), RunOracle(b), what);
+          rows += static_cast<int>(batch);
+        }
+      }
+    }
+  }
+  EXPECT_GT(rows, 2000);
+  EXPECT_LE(differences, rows / 1000 + 2);
+}
+
+TEST(FastCpuSamplerTest, AQwenSizedVocabularyMatchesTheOracle) {
+  std::mt19937_64 rng(99);
+  FastCpuSampler sampler(Threads(4));
+  for (DType dtype : {DType::kFp32, DType::kBf16}) {
+    for (bool degenerate : {false, true}) {
+      const Batch b = RandomBatch(dtype, 6, 151936, rng, degenerate);
+      Compare(b, RunFast(b, sampler), RunOracle(b), "V 151936");
+    }
+  }
+}
+
+TEST(FastCpuSamplerTest, EverySettingOnTheSameRowsMatchesTheOracle) {
+  std::mt19937_64 rng(5);
+  FastCpuSampler sampler(Threads(2));
+  for (const Setting& setting : kSettings) {
+    Batch b = RandomBatch(DType::kFp32, 16, 5000, rng, false);
+    for (RowParams& p : b.params) {
+      const uint64_t seed = p.seed;
+      p = setting.params;
+      p.seed = seed;
+    }
+    Compare(b, RunFast(b, sampler), RunOracle(b), setting.name);
+  }
+}
+
+TEST(FastCpuSamplerTest, ResultsDoNotDependOnThreadsOrBatch) {
+  std::mt19937_64 rng(77);
+  FastCpuSampler one(Threads(1));
+  FastCpuSampler eight(Threads(8));
+  for (int64_t vocab : {1000, 40000}) {
+    const Batch b = RandomBatch(DType::kFp32, 24, vocab, rng, true);
+    const Outputs a = RunFast(b, one);
+    const Outputs c = RunFast(b, eight);
+    EXPECT_EQ(a.tokens, c.tokens);
+    EXPECT_EQ(a.status, c.status);
+    for (int64_t row = 0; row < b.batch; ++row) {  // each row alone
+      Batch single;
+      single.dtype = b.dtype;
+      single.batch = 1;
+      single.vocab = vocab;
+      single.values.assign(b.values.begin() + row * vocab, b.values.begin() + (row + 1) * vocab);
+      single.params = {b.params[row]};
+      single.Encode();
+      EXPECT_EQ(RunFast(single, eight).tokens[0], a.tokens[row]) << "row " << row;
+    }
+  }
+}
+
+TEST(FastCpuSamplerTest, LogprobRowsAreTheOraclesOwn) {
+  std::mt19937_64 rng(8);
+  FastCpuSampler sampler(Threads(2));
+  Batch b = RandomBatch(DType::kFp32, 8, 3000, rng, true);
+  b.top_logprobs = 3;
+  const Outputs f = RunFast(b, sampler);
+  const Outputs o = RunOracle(b);
+  EXPECT_EQ(f.tokens, o.tokens);
+  EXPECT_EQ(f.rank, o.rank);
+  EXPECT_EQ(f.top_ids, o.top_ids);
+  for (size_t i = 0; i < o.logprob.size(); ++i) {
+    EXPECT_TRUE(f.logprob[i] == o.logprob[i] ||
+                (std::isnan(f.logprob[i]) && std::isnan(o.logprob[i])));
+  }
+}
+
+TEST(FastCpuSamplerTest, AFaultingTaskMakesSampleReportFailure) {
+  std::mt19937_64 rng(4);
+  FastCpuSampler::Options options = Threads(2);
+  int calls = 0;
+  options.guard = [&calls](const std::function<void()>& task) {
+    if (__atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED) == 3) return false;  // the 4th faults
+    task();
+    return true;
+  };
+  FastCpuSampler sampler(options);
+  const Batch b = RandomBatch(DType::kFp32, 4, 20000, rng, false);
+  Outputs out;
+  EXPECT_FALSE(sampler.Sample(ArgsFor(b, out)));
+  calls = 1000;  // no further faults: the sampler recovers
+  EXPECT_TRUE(sampler.Sample(ArgsFor(b, out)));
+  Compare(b, out, RunOracle(b), "after a fault");
+}
+
+}  // namespace
+}  // namespace samplerd::kernels
