@@ -129,6 +129,19 @@ class DeviceSessionTest(unittest.TestCase):
             tokens, status = s.sample(logits, temperature=0.0, seeds=0, positions=0)
             np.testing.assert_array_equal(tokens, np.argmax(logits, axis=1))
 
+    def test_sampled_logprobs_equal_unary_logprobs(self):
+        rng = np.random.default_rng(16)
+        logits = rng.standard_normal((4, VOCAB)).astype(np.float32)
+        seeds = np.arange(4, dtype=np.uint64)
+        for source, name in ((True, "raw"), ("processed", "processed")):
+            with self.session(logprobs=source) as s:
+                tokens, _ = s.sample(logits, temperature=0.7, top_k=20, seeds=seeds, positions=3)
+                want = self.client.sample(logits, temperature=0.7, top_k=20, seed=seeds,
+                                          position=3, logprobs=(1, name))
+                np.testing.assert_array_equal(tokens, want.tokens)
+                np.testing.assert_allclose(
+                    s.sampled_logprobs, [r.sampled_logprob for r in want.logprobs], rtol=1e-5)
+
     def test_bad_arguments_raise_before_sending(self):
         with self.session() as s:
             logits = np.zeros((MAX_BATCH + 1, VOCAB), dtype=np.float32)

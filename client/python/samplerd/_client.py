@@ -570,7 +570,9 @@ class Client:
         ``plane="gpu"``) a torch session whose sample() only enqueues on the current stream.
         ``plane``: "auto", "host" or "gpu"; ``logprobs``: False, True / "raw", "processed".
         Keywords: ``host_plane_max_batch`` (auto: B up to it on the host plane), ``step_timeout``
-        and ``close_timeout`` (seconds). See samplerd/_device_session.py.
+        and ``close_timeout`` (seconds), ``spin_s`` (numpy sessions: how long to spin on `done`
+        before sleeping; default 1 ms, 0 with fewer than 4 cores). See
+        samplerd/_device_session.py.
 
         Raises:
             SamplerError: the server's refusal of the open (FAILED_PRECONDITION for a plane it
