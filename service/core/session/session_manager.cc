@@ -134,11 +134,11 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
   }
   const bool gpu_served = backend_ == BackendKind::kGpu && device_.ipc_memory;
   if (open.plane == 1 && !gpu_served) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("expected a server that can serve DEVICE_PLANE_GPU, got ",
-                     backend_ == BackendKind::kCpu
-                         ? "a server that samples on the CPU: use host shm buffers (the host plane)"
-                         : "a GPU server without GPU IPC: use host shm buffers (the host plane)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "expected DEVICE_PLANE_HOST or an unset plane on this server, got DEVICE_PLANE_GPU, but ",
+        backend_ == BackendKind::kCpu
+            ? "this server samples on the CPU: use host shm buffers (the host plane)"
+            : "this GPU server has no GPU IPC: use host shm buffers (the host plane)"));
   }
 
   // The buffers: present, leased with their full size.
@@ -289,9 +289,9 @@ absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndC
     }
     if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("expected fewer than ", options_.max_sessions,
-                       " open device sessions (--max_device_sessions), got ", sessions_.size(),
-                       " open; close one or retry later"));
+          absl::StrCat("expected at most ", options_.max_sessions,
+                       " open device sessions (--max_device_sessions), got a request for one "
+                       "more; close one or retry later"));
     }
     opened.id = absl::StrCat("ds-", ++next_id_);
     auto session = std::make_unique<Session>();
