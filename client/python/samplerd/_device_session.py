@@ -52,7 +52,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import grpc
 import numpy as np
@@ -128,7 +128,8 @@ def _top_p_mode(value: Any) -> Any:
     """TopPMode number(s) of a name, a number, or a per-row sequence of either."""
     if isinstance(value, str):
         if value not in lay.TOP_P_MODES:
-            raise ValueError(f"top_p_mode: expected one of {sorted(lay.TOP_P_MODES)}, got {value!r}")
+            raise ValueError(
+                f"top_p_mode: expected one of {sorted(lay.TOP_P_MODES)}, got {value!r}")
         return lay.TOP_P_MODES[value]
     if isinstance(value, (list, tuple)):
         return [_top_p_mode(v) for v in value]
@@ -170,8 +171,9 @@ class _ServerSession:
         except grpc.RpcError as e:
             self._requests.put(None)
             if timed_out.is_set():
-                raise SamplerError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"expected `opened` within {client.timeout} s, got nothing") from None
+                raise SamplerError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"expected `opened` within {client.timeout} s, got nothing") from None
             raise SamplerError._from_rpc(e) from None
         except StopIteration:
             self._requests.put(None)
@@ -337,7 +339,8 @@ class _NumpyHostPlane(_Plane):
         if self.buffers.control is not None:
             self.buffers.abort()
 
-    def sample(self, logits: Any, batch: int, params: Dict[str, Any]) -> Tuple[np.ndarray, np.ndarray]:
+    def sample(self, logits: Any, batch: int,
+               params: Dict[str, Any]) -> Tuple[np.ndarray, np.ndarray]:
         b = self.buffers
         if _is_torch_tensor(logits):
             logits = logits.detach().cpu().numpy()
@@ -346,7 +349,9 @@ class _NumpyHostPlane(_Plane):
             logits = logits[None, :]
         if logits.shape != (batch, self.layout.vocab):
             raise ValueError(f"logits: expected shape [B, {self.layout.vocab}], got {logits.shape}")
-        if logits.__array_interface__["data"][0] != b.logits.ctypes.data or not logits.flags.c_contiguous:
+        in_place = (logits.__array_interface__["data"][0] == b.logits.ctypes.data
+                    and logits.flags.c_contiguous)
+        if not in_place:
             if b.logits.dtype == np.uint16 and logits.dtype != np.uint16:
                 raise TypeError("logits: a bfloat16 numpy session takes the raw bits as uint16, "
                                 f"got {logits.dtype}")
@@ -513,18 +518,19 @@ class _TorchHostPlane(_Plane):
         enum, _, np_dtype = _DTYPES[dtype]
         self.layout = layout
         self.tdtype = getattr(torch, dtype)
-        self.steps = _TorchSteps(torch, index)
+        self.cuda = _TorchSteps(torch, index)
         self.buffers = _ShmBuffers(client, layout, np_dtype)
         self._pinned = False
         try:
             rc = torch.cuda.cudart().cudaHostRegister(self.buffers.address, layout.total,
                                                        _host_register_flags())
             if int(rc) != 0:
-                raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION,
-                                   f"cudaHostRegister of the session's shm: expected cudaSuccess, got {rc}")
+                raise SamplerError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"cudaHostRegister of the session's shm: expected cudaSuccess, got {rc}")
             self._pinned = True
             with torch.cuda.device(index):
-                self.control_address = (self.steps.ops.host_device_pointer(self.buffers.address)
+                self.control_address = (self.cuda.ops.host_device_pointer(self.buffers.address)
                                         + layout.control)
             host = torch.from_numpy(self.buffers.region.array)  # uint8, pinned by the above
             self.host = _torch_views(torch, host, layout, self.tdtype)
@@ -536,7 +542,8 @@ class _TorchHostPlane(_Plane):
             self.out_status = torch.zeros(layout.max_batch, dtype=torch.int32, device=device)
             self.out_logprobs = None
             if layout.sampled_logprobs is not None:
-                self.out_logprobs = torch.zeros(layout.max_batch, dtype=torch.float32, device=device)
+                self.out_logprobs = torch.zeros(layout.max_batch, dtype=torch.float32,
+                                                device=device)
             self._open(client, _open_message(layout, enum, logprob_source, self.buffers.region_name,
                                              pb.DEVICE_PLANE_HOST, ""))
         except BaseException:
@@ -548,7 +555,7 @@ class _TorchHostPlane(_Plane):
             self.buffers.abort()  # host memory: plain stores, seen by the engine stream's wait
 
     def sample(self, logits: Any, batch: int, params: Dict[str, Any]) -> Tuple[Any, Any]:
-        st = self.steps
+        st = self.cuda
         logits = st.check_logits(logits, batch, self.layout.vocab, self.tdtype)
         self.host["logits"][:batch].copy_(logits, non_blocking=True)
         for name, view in self.stage_fields.items():
@@ -558,21 +565,22 @@ class _TorchHostPlane(_Plane):
         self.out_tokens[:batch].copy_(self.host["token_ids"][:batch], non_blocking=True)
         self.out_status[:batch].copy_(self.host["row_status"][:batch], non_blocking=True)
         if self.out_logprobs is not None:
-            self.out_logprobs[:batch].copy_(self.host["sampled_logprobs"][:batch], non_blocking=True)
+            self.out_logprobs[:batch].copy_(self.host["sampled_logprobs"][:batch],
+                                            non_blocking=True)
             self.logprobs = self.out_logprobs[:batch]
         return self.out_tokens[:batch], self.out_status[:batch]
 
     def _release(self) -> None:
         self.host = {}
         if self._pinned:
-            self.steps.torch.cuda.cudart().cudaHostUnregister(self.buffers.address)
+            self.cuda.torch.cuda.cudart().cudaHostUnregister(self.buffers.address)
             self._pinned = False
         self.buffers.close()
 
     def close(self, timeout: float) -> None:
         if self.server is not None:
             self.server.close(timeout)
-        self.steps.torch.cuda.current_stream(self.steps.index).synchronize()
+        self.cuda.torch.cuda.synchronize(self.cuda.index)  # no copy still reads the pinned memory
         self._release()
 
 
@@ -598,7 +606,7 @@ class _TorchGpuPlane(_Plane):
             server_device = client._cuda._match_device(torch, index)
         except IpcUnavailable as e:
             raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION, f"GPU plane: {e}") from None
-        self.steps = _TorchSteps(torch, index)
+        self.cuda = _TorchSteps(torch, index)
         device = torch.device("cuda", index)
         self.buffer = torch.zeros(layout.total, dtype=torch.uint8, device=device)
         torch.cuda.synchronize(device)  # the zeros are in place before the server maps them
@@ -635,14 +643,14 @@ class _TorchGpuPlane(_Plane):
     def _write_abort(self) -> None:
         # Device memory, from the watcher thread: stream writes on a side stream (ordered:
         # step_status first), which run while the engine's stream waits on `done`.
-        st = self.steps
+        st = self.cuda
         st.ops.set_context(st.context)
         side = int(self.side.cuda_stream)
         st.ops.write32(side, self.control_address + lay.STEP_STATUS, lay.STEP_ABORTED)
         st.ops.write32(side, self.control_address + lay.DONE_WORD, lay.DONE)
 
     def sample(self, logits: Any, batch: int, params: Dict[str, Any]) -> Tuple[Any, Any]:
-        st = self.steps
+        st = self.cuda
         logits = st.check_logits(logits, batch, self.layout.vocab, self.tdtype)
         mine = self.views["logits"]
         if logits.data_ptr() != mine.data_ptr() or not logits.is_contiguous():
@@ -668,7 +676,7 @@ class _TorchGpuPlane(_Plane):
     def close(self, timeout: float) -> None:
         if self.server is not None:
             self.server.close(timeout)
-        self.steps.torch.cuda.synchronize(self.buffer.device)
+        self.cuda.torch.cuda.synchronize(self.buffer.device)
         self._release()
 
 

@@ -38,7 +38,8 @@ class StreamOps:
         for fn in (self._write, self._wait):
             fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
             fn.restype = ctypes.c_int
-        self._host_ptr = self._pick(lib, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
+        self._host_ptr = self._pick(lib, "cuMemHostGetDevicePointer_v2",
+                                    "cuMemHostGetDevicePointer")
         self._host_ptr.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
         self._host_ptr.restype = ctypes.c_int
         self._ctx_get = lib.cuCtxGetCurrent
