@@ -30,8 +30,9 @@ enum class LogprobSource : uint8_t {
 // Outcome of one row.
 enum class RowStatus : uint8_t {
   kOk = 0,
-  kNan = 1,       // the row holds a NaN; token -1
-  kNoFinite = 2,  // every logit is -inf; token -1
+  kNan = 1,            // the row holds a NaN; token -1
+  kNoFinite = 2,       // every logit is -inf; token -1
+  kInvalidParams = 3,  // the row's parameters failed validation (device sessions); token -1
 };
 
 // Temperatures below this (and >= 0) mean greedy sampling.
@@ -73,6 +74,11 @@ struct SampleArgs {
   int64_t* sampled_rank = nullptr;
   int32_t* top_ids = nullptr;
   float* top_values = nullptr;
+
+  // GPU only (device sessions): when set, a device word holding the number of rows that run.
+  // The kernels are launched for `batch` rows (the session's max_batch); blocks of rows >=
+  // *device_batch exit at once and write nothing. Rows below it are sampled as usual.
+  const uint32_t* device_batch = nullptr;
 };
 
 }  // namespace samplerd::kernels

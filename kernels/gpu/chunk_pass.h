@@ -45,11 +45,12 @@ struct ChunkPassParams {
   int64_t row_stride;
   const RowParams* params;
   int64_t params_count;
-  int chunks;                // per row
-  bool raw_logprobs;         // compute sum_exp_x
-  ChunkStats* stats;         // [batch, chunks]
-  uint32_t* candidate_key;   // [batch, chunks, kCandidateCap]
-  int32_t* candidate_index;  // [batch, chunks, kCandidateCap]
+  int chunks;                    // per row
+  bool raw_logprobs;             // compute sum_exp_x
+  ChunkStats* stats;             // [batch, chunks]
+  uint32_t* candidate_key;       // [batch, chunks, kCandidateCap]
+  int32_t* candidate_index;      // [batch, chunks, kCandidateCap]
+  const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
 };
 
 __device__ __forceinline__ bool IsGreedy(const RowParams& p) {
@@ -117,6 +118,9 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   __shared__ uint32_t candidate_count;
 
   const int64_t row = blockIdx.y;
+  // Device sessions launch for max_batch rows; rows past the step's batch leave at once (a
+  // uniform branch: the whole block exits before any barrier).
+  if (p.device_batch != nullptr && row >= *p.device_batch) return;
   const int chunk = blockIdx.x;
   const size_t elem = kDType == DType::kFp32 ? 4 : 2;
   const void* row_ptr = static_cast<const char*>(p.logits) + row * p.row_stride * elem;

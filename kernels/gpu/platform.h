@@ -31,6 +31,7 @@ using hipIpcEventHandle_t = cudaIpcEventHandle_t;
 #define hipErrorIllegalAddress cudaErrorIllegalAddress
 #define hipErrorLaunchFailure cudaErrorLaunchFailure
 #define hipErrorNotSupported cudaErrorNotSupported
+#define hipErrorNotReady cudaErrorNotReady
 
 // Runtime calls.
 #define hipGetDeviceCount cudaGetDeviceCount
@@ -62,6 +63,7 @@ using hipIpcEventHandle_t = cudaIpcEventHandle_t;
 #define hipEventSynchronize cudaEventSynchronize
 #define hipEventElapsedTime cudaEventElapsedTime
 #define hipEventDestroy cudaEventDestroy
+#define hipEventQuery cudaEventQuery
 #define hipIpcOpenMemHandle cudaIpcOpenMemHandle
 #define hipIpcCloseMemHandle cudaIpcCloseMemHandle
 #define hipIpcGetMemHandle cudaIpcGetMemHandle

@@ -36,6 +36,7 @@ struct RowFinishParams {
   int64_t* sampled_rank;
   int32_t* top_ids;
   float* top_values;
+  const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
 };
 
 // The items of a row: every token with z = x / temperature > -inf (NaN never reaches here).

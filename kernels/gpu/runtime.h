@@ -67,6 +67,37 @@ int EventElapsedMs(float* ms, Event start, Event end);
 // Makes later work on `stream` wait until `event` completes, without blocking the host. An
 // event never recorded counts as complete.
 int StreamWaitEvent(Stream stream, Event event);
+// Whether the work recorded by `event` has completed, without blocking: 0 when it has (or the
+// event was never recorded), a code for which IsNotReady() holds while it is pending, any other
+// code for a fault.
+int EventQuery(Event event);
+// True for the runtime's "not ready" code (EventQuery of pending work).
+bool IsNotReady(int code);
+
+// --- Stream memory operations -------------------------------------------------------------------
+// 32-bit waits and writes that a stream performs in order with its other work, on device memory
+// (DeviceMalloc), IPC-mapped device memory (IpcOpenMemHandle) or registered host memory (its
+// device pointer). `addr` must be 4-byte aligned. Device sessions (proto/samplerd/v1/
+// device_session.h) are built on them.
+//
+// Caution: a stream blocked in StreamWaitValue32 blocks the hardware queue it is mapped to, and
+// with it every stream of this process sharing that queue (CUDA: CUDA_DEVICE_MAX_CONNECTIONS,
+// default 8; HIP: GPU_MAX_HW_QUEUES, default 4). Whatever must release the wait has to run on a
+// stream of another queue, or on another process.
+//
+// CUDA: the driver's cuStreamWaitValue32_v2 / cuStreamWriteValue32_v2, resolved at first use
+// with dlopen("libcuda.so.1") like MemoryRange (no libcuda link); their error codes are the
+// driver's, returned as they are. HIP: hipStreamWaitValue32 / hipStreamWriteValue32.
+
+// Later work on `stream` waits until *addr == value (all 32 bits compared).
+int StreamWaitValue32(Stream stream, void* addr, uint32_t value);
+// Writes *addr = value once the earlier work of `stream` is done, after a memory fence: a
+// reader that sees the value sees the earlier work's writes.
+int StreamWriteValue32(Stream stream, void* addr, uint32_t value);
+// *yes: whether device `ordinal` supports the two calls above. CUDA: the driver has the v2
+// entry points (CUDA 11.7+ drivers enable 32-bit stream memory operations on every device).
+// HIP: hipDeviceAttributeCanUseStreamWaitValue. Returns the runtime's code of a failed query.
+int StreamMemOpsSupported(int ordinal, bool* yes);
 
 // --- IPC --------------------------------------------------------------------------------------
 // Memory and event handles are 64 opaque bytes on both runtimes (cudaIpcMemHandle_t,

@@ -41,6 +41,29 @@ CuMemGetAddressRange DriverMemGetAddressRange() {
   }();
   return fn;
 }
+
+// The v2 stream memory operations (CUDA 11.7+ drivers): CUresult (CUstream, CUdeviceptr,
+// cuuint32_t, unsigned int flags).
+using CuStreamValue32 = int (*)(void*, unsigned long long, uint32_t, unsigned int);
+constexpr unsigned int kCuStreamWaitValueEq = 0x1;      // CU_STREAM_WAIT_VALUE_EQ
+constexpr unsigned int kCuStreamWriteValueDefault = 0;  // CU_STREAM_WRITE_VALUE_DEFAULT: fenced
+
+struct DriverMemOps {
+  CuStreamValue32 wait = nullptr;
+  CuStreamValue32 write = nullptr;
+};
+
+const DriverMemOps& DriverStreamMemOps() {
+  static const DriverMemOps ops = []() {
+    DriverMemOps out;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return out;
+    out.wait = reinterpret_cast<CuStreamValue32>(dlsym(lib, "cuStreamWaitValue32_v2"));
+    out.write = reinterpret_cast<CuStreamValue32>(dlsym(lib, "cuStreamWriteValue32_v2"));
+    return out;
+  }();
+  return ops;
+}
 #endif
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", the form nvidia-smi and CUDA_VISIBLE_DEVICES use.
@@ -238,6 +261,51 @@ int EventElapsedMs(float* ms, Event start, Event end) {
 
 int StreamWaitEvent(Stream stream, Event event) {
   return hipStreamWaitEvent(AsHipStream(stream), AsHipEvent(event), 0);
+}
+
+int EventQuery(Event event) { return hipEventQuery(AsHipEvent(event)); }
+
+bool IsNotReady(int code) { return code == static_cast<int>(hipErrorNotReady); }
+
+int StreamWaitValue32(Stream stream, void* addr, uint32_t value) {
+#if defined(__HIPCC__)
+  return hipStreamWaitValue32(AsHipStream(stream), addr, value, hipStreamWaitValueEq, 0xffffffffu);
+#else
+  const DriverMemOps& ops = DriverStreamMemOps();
+  if (ops.wait == nullptr) return cudaErrorInsufficientDriver;
+  return ops.wait(stream, reinterpret_cast<unsigned long long>(addr), value, kCuStreamWaitValueEq);
+#endif
+}
+
+int StreamWriteValue32(Stream stream, void* addr, uint32_t value) {
+#if defined(__HIPCC__)
+  return hipStreamWriteValue32(AsHipStream(stream), addr, value, 0);
+#else
+  const DriverMemOps& ops = DriverStreamMemOps();
+  if (ops.write == nullptr) return cudaErrorInsufficientDriver;
+  return ops.write(stream, reinterpret_cast<unsigned long long>(addr), value,
+                   kCuStreamWriteValueDefault);
+#endif
+}
+
+int StreamMemOpsSupported(int ordinal, bool* yes) {
+  *yes = false;
+#if defined(__HIPCC__)
+  int value = 0;
+  const hipError_t status =
+      hipDeviceGetAttribute(&value, hipDeviceAttributeCanUseStreamWaitValue, ordinal);
+  if (status != hipSuccess) return status;
+  *yes = value != 0;
+  return hipSuccess;
+#else
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) return status;
+  if (ordinal < 0 || ordinal >= count) return cudaErrorInvalidDevice;
+  const DriverMemOps& ops = DriverStreamMemOps();
+  *yes = ops.wait != nullptr && ops.write != nullptr;
+  return cudaSuccess;
+#endif
 }
 
 int IpcOpenMemHandle(void** ptr, const IpcHandleBytes& handle) {

@@ -284,6 +284,7 @@ template <DType kDType>
 __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
   __shared__ FinishShared sh;
   const int64_t row = blockIdx.x;
+  if (p.device_batch != nullptr && row >= *p.device_batch) return;  // device sessions
   const RowParams params = p.params[p.params_count == 1 ? 0 : row];
   const ChunkStats* stats = p.stats + row * p.chunks;
   for (int c = threadIdx.x; c < p.chunks; c += kFinishThreads) sh.staged[c] = stats[c];
@@ -441,8 +442,8 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
 
   const bool raw = args.top_logprobs >= 0 && args.logprob_source == LogprobSource::kRaw;
   const ChunkPassParams chunk{
-      args.logits, args.vocab, args.row_stride, args.params,   args.params_count,
-      chunks,      raw,        stats,           candidate_key, candidate_index};
+      args.logits, args.vocab, args.row_stride, args.params,     args.params_count, chunks,
+      raw,         stats,      candidate_key,   candidate_index, args.device_batch};
   const RowFinishParams finish{args.logits,
                                args.vocab,
                                args.row_stride,
@@ -459,7 +460,8 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
                                args.sampled_logprob,
                                args.sampled_rank,
                                args.top_ids,
-                               args.top_values};
+                               args.top_values,
+                               args.device_batch};
   auto* s = static_cast<hipStream_t>(stream);
   switch (args.dtype) {
     case DType::kFp32:

@@ -39,6 +39,8 @@ v1::RowStatus ToProto(kernels::RowStatus status) {
       return v1::ROW_STATUS_INVALID_NAN;
     case kernels::RowStatus::kNoFinite:
       return v1::ROW_STATUS_INVALID_NO_FINITE;
+    case kernels::RowStatus::kInvalidParams:
+      return v1::ROW_STATUS_INVALID_PARAMS;
   }
   return v1::ROW_STATUS_UNSPECIFIED;
 }

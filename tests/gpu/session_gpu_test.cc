@@ -1,0 +1,635 @@
+// The GPU plane of device sessions (service/core/session/gpu_plane.h) in one process: the test
+// plays the engine on its own stream with stream memory operations, exactly as
+// proto/samplerd/v1/device_session.h describes, against device buffers from DeviceMalloc.
+// Tokens must equal kernels::gpu::Sample run directly on the same rows (and the CPU reference
+// for greedy rows); bad rows, bad batches and Stop() in every state must behave as the contract
+// says. Prints the median ring -> done latency as a diagnostic. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/gpu/runtime.h"
+#include "proto/samplerd/v1/device_session.h"
+#include "service/core/session/gpu_plane.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace samplerd::core {
+namespace {
+
+namespace gpu = kernels::gpu;
+using kernels::DType;
+using kernels::RowParams;
+using kernels::TopPMode;
+using kernels::testing::Batch;
+using kernels::testing::Outputs;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A stream blocked in a stream wait blocks its hardware queue and every stream sharing it; this
+// process holds several blocked streams at once (sessions, engines), so it asks for the most
+// queues before the CUDA runtime starts (HIP: GPU_MAX_HW_QUEUES).
+const bool kQueuesSet = [] {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  setenv("GPU_MAX_HW_QUEUES", "16", /*overwrite=*/0);
+  return true;
+}();
+
+// Parameters of one row as the engine writes them (device_session.h's params arrays).
+struct EngineRow {
+  uint64_t seed = 0;
+  uint64_t position = 0;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int32_t top_p_mode = 1;  // sampler.proto TopPMode: 0/1 TOP_K_FIRST, 2 JOINT
+};
+
+// What the server's validation accepts (service/core/validation.cc).
+bool IsValid(const EngineRow& r) {
+  return r.temperature >= 0.0f && !std::isinf(r.temperature) && r.top_k >= -1 && r.top_p > 0.0f &&
+         r.top_p <= 1.0f && r.min_p >= 0.0f && r.min_p <= 1.0f && r.top_p_mode >= 0 &&
+         r.top_p_mode <= 2;
+}
+
+RowParams ToRowParams(const EngineRow& r) {
+  RowParams p;
+  if (!IsValid(r)) {
+    p.temperature = 0.0f;  // the reference runs invalid rows greedy; their outputs are ignored
+    return p;
+  }
+  p.temperature = r.temperature;
+  p.top_k = r.top_k;
+  p.top_p = r.top_p;
+  p.min_p = r.min_p;
+  p.top_p_mode = r.top_p_mode == 2 ? TopPMode::kJoint : TopPMode::kTopKFirst;
+  p.seed = r.seed;
+  p.position = r.position;
+  return p;
+}
+
+// The engine's five buffers (plus logprobs) in device memory, and its stream.
+class EngineSide {
+ public:
+  EngineSide(uint32_t max_batch, int64_t vocab, int64_t stride, DType dtype, bool logprobs)
+      : max_batch_(max_batch), vocab_(vocab), stride_(stride), dtype_(dtype) {
+    elem_ = kernels::DTypeSize(dtype);
+    Alloc(&control_, SAMPLERD_CONTROL_BYTES);
+    Alloc(&logits_, static_cast<size_t>(max_batch) * stride * elem_);
+    Alloc(&params_, samplerd_params_bytes(max_batch));
+    Alloc(&tokens_, max_batch * 4u);
+    Alloc(&status_, max_batch * 4u);
+    if (logprobs) Alloc(&logprobs_, max_batch * 4u);
+    // Pinned host staging: a copy from or to pageable memory may block the host until the
+    // stream reaches it, which here may be behind a wait on done.
+    EXPECT_EQ(gpu::PinnedMalloc(&pinned_, PinnedBytes()), 0);
+    EXPECT_EQ(gpu::StreamCreate(&stream_), 0);
+    EXPECT_EQ(gpu::EventCreate(&event_, false), 0);
+    EXPECT_EQ(gpu::EventCreate(&t0_, false), 0);
+    EXPECT_EQ(gpu::EventCreate(&t1_, false), 0);
+    std::memset(pinned_, 0, PinnedBytes());
+    EXPECT_EQ(gpu::CopyToDevice(control_, InControl(), SAMPLERD_CONTROL_BYTES, stream_), 0);
+    int32_t* fill = reinterpret_cast<int32_t*>(InLogits());
+    for (uint32_t i = 0; i < max_batch; ++i) fill[i] = 777;
+    EXPECT_EQ(gpu::CopyToDevice(tokens_, fill, max_batch * 4u, stream_), 0);
+    EXPECT_EQ(gpu::CopyToDevice(status_, fill, max_batch * 4u, stream_), 0);
+    EXPECT_TRUE(Finish(std::chrono::seconds(5)));
+  }
+
+  ~EngineSide() {
+    for (void* p : allocations_) gpu::DeviceFree(p);
+    gpu::PinnedFree(pinned_);
+    gpu::EventDestroy(event_);
+    gpu::EventDestroy(t0_);
+    gpu::EventDestroy(t1_);
+    gpu::StreamDestroy(stream_);
+  }
+
+  SessionSpec Spec(const std::string& id) const {
+    SessionSpec spec;
+    spec.id = id;
+    spec.plane = SessionPlane::kGpu;
+    spec.device_ordinal = 0;
+    spec.dtype = dtype_;
+    spec.max_batch = max_batch_;
+    spec.vocab = static_cast<uint32_t>(vocab_);
+    spec.row_stride = static_cast<uint64_t>(stride_);
+    spec.logprob_source = kernels::LogprobSource::kRaw;
+    spec.control = static_cast<uint8_t*>(control_);
+    spec.logits = logits_;
+    spec.params = static_cast<const uint8_t*>(params_);
+    spec.token_ids = static_cast<int32_t*>(tokens_);
+    spec.row_status = static_cast<int32_t*>(status_);
+    spec.sampled_logprobs = static_cast<float*>(logprobs_);
+    return spec;
+  }
+
+  // Step 1 of the protocol: logits rows [0, B) (bytes of B rows at the stride) and params.
+  void WriteInputs(const std::vector<uint8_t>& logits, const std::vector<EngineRow>& rows) {
+    if (!logits.empty()) {
+      std::memcpy(InLogits(), logits.data(), logits.size());
+      EXPECT_EQ(gpu::CopyToDevice(logits_, InLogits(), logits.size(), stream_), 0);
+    }
+    std::memset(InParams(), 0, samplerd_params_bytes(max_batch_));
+    const uint32_t m = max_batch_;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Put(samplerd_params_seed_offset(m) + 8 * i, rows[i].seed);
+      Put(samplerd_params_position_offset(m) + 8 * i, rows[i].position);
+      Put(samplerd_params_temperature_offset(m) + 4 * i, rows[i].temperature);
+      Put(samplerd_params_top_k_offset(m) + 4 * i, rows[i].top_k);
+      Put(samplerd_params_top_p_offset(m) + 4 * i, rows[i].top_p);
+      Put(samplerd_params_min_p_offset(m) + 4 * i, rows[i].min_p);
+      Put(samplerd_params_top_p_mode_offset(m) + 4 * i, rows[i].top_p_mode);
+    }
+    EXPECT_EQ(gpu::CopyToDevice(params_, InParams(), samplerd_params_bytes(max_batch_), stream_),
+              0);
+  }
+
+  // Steps 1 (batch) and 2 of the protocol; `timed` records t0 before the ring.
+  void Ring(uint32_t batch, bool timed = false) {
+    EXPECT_EQ(gpu::StreamWriteValue32(stream_, Word(SAMPLERD_CONTROL_BATCH), batch), 0);
+    if (timed) {
+      EXPECT_EQ(gpu::EventRecord(t0_, stream_), 0);
+    }
+    EXPECT_EQ(gpu::StreamWriteValue32(stream_, Word(SAMPLERD_CONTROL_DOORBELL), SAMPLERD_RING), 0);
+  }
+
+  // Steps 3-5: wait for done, reset it, read the outputs back (Finish() then fills the host
+  // vectors).
+  void WaitDone(bool timed = false) {
+    EXPECT_EQ(gpu::StreamWaitValue32(stream_, Word(SAMPLERD_CONTROL_DONE), SAMPLERD_DONE), 0);
+    if (timed) {
+      EXPECT_EQ(gpu::EventRecord(t1_, stream_), 0);
+    }
+    EXPECT_EQ(gpu::StreamWriteValue32(stream_, Word(SAMPLERD_CONTROL_DONE), 0), 0);
+    EXPECT_EQ(gpu::CopyToHost(OutTokens(), tokens_, max_batch_ * 4u, stream_), 0);
+    EXPECT_EQ(gpu::CopyToHost(OutStatus(), status_, max_batch_ * 4u, stream_), 0);
+    if (logprobs_ != nullptr) {
+      EXPECT_EQ(gpu::CopyToHost(OutLogprobs(), logprobs_, max_batch_ * 4u, stream_), 0);
+    }
+    EXPECT_EQ(gpu::CopyToHost(OutControl(), control_, SAMPLERD_CONTROL_BYTES, stream_), 0);
+  }
+
+  // Waits (polling, bounded) until the engine stream's work so far has run and copies the
+  // outputs read back by WaitDone into the host vectors; false on timeout.
+  bool Finish(std::chrono::milliseconds limit) {
+    if (gpu::EventRecord(event_, stream_) != 0) return false;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const int code = gpu::EventQuery(event_);
+      if (code == 0) {
+        tokens.assign(OutTokens(), OutTokens() + max_batch_);
+        status.assign(OutStatus(), OutStatus() + max_batch_);
+        logprobs.assign(OutLogprobs(), OutLogprobs() + max_batch_);
+        const auto* words = reinterpret_cast<const uint32_t*>(OutControl());
+        control.assign(words, words + SAMPLERD_CONTROL_BYTES / 4);
+        return true;
+      }
+      if (!gpu::IsNotReady(code)) {
+        ADD_FAILURE() << "engine stream: " << gpu::ErrorString(code);
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    return false;
+  }
+
+  float LastStepMs() {
+    float ms = -1.0f;
+    EXPECT_EQ(gpu::EventElapsedMs(&ms, t0_, t1_), 0);
+    return ms;
+  }
+
+  uint32_t ControlWord(uint32_t offset) const { return control[offset / 4]; }
+
+  std::vector<int32_t> tokens, status;
+  std::vector<float> logprobs;
+  std::vector<uint32_t> control;
+
+ private:
+  void Alloc(void** p, size_t bytes) {
+    ASSERT_EQ(gpu::DeviceMalloc(p, bytes), 0);
+    allocations_.push_back(*p);
+  }
+  void* Word(uint32_t offset) const { return static_cast<uint8_t*>(control_) + offset; }
+  template <class T>
+  void Put(uint64_t offset, T v) {
+    std::memcpy(InParams() + offset, &v, sizeof(v));
+  }
+  // The pinned staging area: inputs (logits, params, control), then outputs.
+  size_t LogitsBytes() const { return static_cast<size_t>(max_batch_) * stride_ * elem_; }
+  size_t PinnedBytes() const {
+    return LogitsBytes() + samplerd_params_bytes(max_batch_) + 2 * SAMPLERD_CONTROL_BYTES +
+           3 * max_batch_ * 4u + 64;
+  }
+  uint8_t* InLogits() const { return static_cast<uint8_t*>(pinned_); }
+  uint8_t* InParams() const { return InLogits() + LogitsBytes(); }
+  uint8_t* InControl() const { return InParams() + samplerd_params_bytes(max_batch_); }
+  uint8_t* OutControl() const { return InControl() + SAMPLERD_CONTROL_BYTES; }
+  int32_t* OutTokens() const {
+    return reinterpret_cast<int32_t*>(OutControl() + SAMPLERD_CONTROL_BYTES);
+  }
+  int32_t* OutStatus() const { return OutTokens() + max_batch_; }
+  float* OutLogprobs() const { return reinterpret_cast<float*>(OutStatus() + max_batch_); }
+
+  uint32_t max_batch_;
+  int64_t vocab_, stride_;
+  DType dtype_;
+  int64_t elem_;
+  void *control_ = nullptr, *logits_ = nullptr, *params_ = nullptr, *tokens_ = nullptr,
+       *status_ = nullptr, *logprobs_ = nullptr;
+  std::vector<void*> allocations_;
+  void* pinned_ = nullptr;
+  gpu::Stream stream_ = nullptr;
+  gpu::Event event_ = nullptr, t0_ = nullptr, t1_ = nullptr;
+};
+
+constexpr auto kStepLimit = std::chrono::milliseconds(5000);
+
+// A random row: mostly valid settings from the GPU sampler tests, sometimes an invalid value.
+EngineRow RandomRow(std::mt19937_64& rng, bool allow_invalid) {
+  static const EngineRow kSettings[] = {
+      {0, 0, 0.0f, 0, 1.0f, 0.0f, 1},    {0, 0, 0.8f, 0, 1.0f, 0.0f, 1},
+      {0, 0, 1.0f, 50, 1.0f, 0.0f, 0},   {0, 0, 1.0f, 0, 0.95f, 0.0f, 1},
+      {0, 0, 1.0f, 50, 0.9f, 0.0f, 1},   {0, 0, 1.0f, 50, 0.9f, 0.0f, 2},
+      {0, 0, 1.0f, 0, 1.0f, 0.1f, 1},    {0, 0, 1.0f, 1, 1.0f, 0.0f, 1},
+      {0, 0, 0.9f, 1000, 0.8f, 0.0f, 1}, {0, 0, 1.3f, 0, 0.7f, 0.0f, 2},
+      {0, 0, 0.7f, 40, 0.8f, 0.05f, 1},  {0, 0, 1e-6f, -1, 1.0f, 0.0f, 1},
+  };
+  EngineRow r = kSettings[rng() % (sizeof(kSettings) / sizeof(kSettings[0]))];
+  r.seed = rng();
+  r.position = rng() % 100000;
+  if (allow_invalid && rng() % 40 == 0) {
+    switch (rng() % 12) {
+      case 0:
+        r.temperature = -1.0f;
+        break;
+      case 1:
+        r.temperature = kInf;
+        break;
+      case 2:
+        r.temperature = kNaN;
+        break;
+      case 3:
+        r.top_k = -2;
+        break;
+      case 4:
+        r.top_p = 0.0f;
+        break;
+      case 5:
+        r.top_p = 1.5f;
+        break;
+      case 6:
+        r.top_p = kNaN;
+        break;
+      case 7:
+        r.min_p = -0.1f;
+        break;
+      case 8:
+        r.min_p = 1.5f;
+        break;
+      case 9:
+        r.min_p = kNaN;
+        break;
+      case 10:
+        r.top_p_mode = 3;
+        break;
+      default:
+        r.top_p_mode = -1;
+        break;
+    }
+  }
+  return r;
+}
+
+// The batch of rows [0, b) that the reference samples.
+Batch ReferenceBatch(DType dtype, int64_t vocab, int64_t stride, const std::vector<uint8_t>& bytes,
+                     const std::vector<EngineRow>& rows, bool logprobs) {
+  Batch b;
+  b.dtype = dtype;
+  b.batch = static_cast<int64_t>(rows.size());
+  b.vocab = vocab;
+  b.row_stride = stride;
+  b.bytes = bytes;
+  for (const EngineRow& r : rows) b.params.push_back(ToRowParams(r));
+  b.top_logprobs = logprobs ? 0 : -1;
+  b.source = kernels::LogprobSource::kRaw;
+  return b;
+}
+
+// Checks one step's outputs against kernels::gpu::Sample on the same rows (and the CPU
+// reference for greedy rows). Returns the number of mismatching rows.
+int CheckStep(const EngineSide& engine, const Batch& ref_batch, const std::vector<EngineRow>& rows,
+              bool logprobs, int step) {
+  const Outputs ref = kernels::testing::RunGpu(ref_batch);
+  int bad = 0;
+  // The CPU reference runs the greedy rows only (the oracle is slow on full rows).
+  std::vector<size_t> greedy_rows;
+  Batch greedy = ref_batch;
+  greedy.bytes.clear();
+  greedy.params.clear();
+  greedy.top_logprobs = -1;
+  const size_t row_bytes = static_cast<size_t>(ref_batch.row_stride) *
+                           static_cast<size_t>(kernels::DTypeSize(ref_batch.dtype));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (IsValid(rows[i]) && rows[i].temperature < kernels::kGreedyTemperature) {
+      greedy_rows.push_back(i);
+      greedy.bytes.insert(greedy.bytes.end(), ref_batch.bytes.begin() + i * row_bytes,
+                          ref_batch.bytes.begin() + (i + 1) * row_bytes);
+      greedy.params.push_back(ref_batch.params[i]);
+    }
+  }
+  greedy.batch = static_cast<int64_t>(greedy_rows.size());
+  Outputs cpu;
+  if (!greedy_rows.empty()) cpu = kernels::testing::RunCpu(greedy);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!IsValid(rows[i])) {
+      if (engine.status[i] != SAMPLERD_ROW_INVALID_PARAMS || engine.tokens[i] != -1 ||
+          (logprobs && !(engine.logprobs[i] == -kInf))) {
+        ADD_FAILURE() << "step " << step << " row " << i << ": expected status 4, token -1, got "
+                      << engine.status[i] << ", " << engine.tokens[i];
+        ++bad;
+      }
+      continue;
+    }
+    const int32_t want_status = static_cast<int32_t>(ref.status[i]) + 1;
+    const bool lp_ok =
+        !logprobs || std::memcmp(&engine.logprobs[i], &ref.sampled_logprob[i], 4) == 0;
+    if (engine.tokens[i] != ref.tokens[i] || engine.status[i] != want_status || !lp_ok) {
+      ADD_FAILURE() << "step " << step << " row " << i << ": expected token " << ref.tokens[i]
+                    << " status " << want_status << ", got " << engine.tokens[i] << " status "
+                    << engine.status[i];
+      ++bad;
+    }
+  }
+  for (size_t g = 0; g < greedy_rows.size(); ++g) {
+    const size_t i = greedy_rows[g];
+    if (engine.tokens[i] != cpu.tokens[g]) {
+      ADD_FAILURE() << "step " << step << " greedy row " << i << ": CPU " << cpu.tokens[g]
+                    << ", GPU plane " << engine.tokens[i];
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+class GpuPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(kQueuesSet);
+    std::string why;
+    if (!kernels::testing::HaveGpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+    bool yes = false;
+    ASSERT_EQ(gpu::StreamMemOpsSupported(0, &yes), 0);
+    if (!yes) GTEST_SKIP() << "device 0 has no stream memory operations";
+    ASSERT_EQ(gpu::SetDevice(0), 0);
+  }
+
+  std::unique_ptr<PlaneRunner> Start(const EngineSide& engine, const std::string& id,
+                                     int steps_ahead = 2) {
+    GpuPlaneOptions options;
+    options.steps_ahead = steps_ahead;
+    auto runner = StartGpuPlane(engine.Spec(id), options,
+                                [this](const absl::Status& s) { fault_ = s.ToString(); });
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    return runner.ok() ? std::move(*runner) : nullptr;
+  }
+
+  void TearDown() override { EXPECT_EQ(fault_, ""); }
+
+  std::string fault_;  // written by the runner's thread; read after Stop()
+};
+
+std::vector<uint8_t> RandomLogits(DType dtype, int64_t rows, int64_t vocab, int64_t stride,
+                                  std::mt19937_64& rng) {
+  Batch b;
+  b.dtype = dtype;
+  b.batch = rows;
+  b.vocab = vocab;
+  b.row_stride = stride;
+  kernels::testing::FillLogits(b, rng() % 2 ? "randn3" : "peaked", rng);
+  return b.bytes;
+}
+
+// Runs `steps` steps of random batch sizes and parameters; every token checked.
+void RunSteps(EngineSide& engine, DType dtype, uint32_t max_batch, int64_t vocab, int64_t stride,
+              bool logprobs, int steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  int bad = 0;
+  for (int step = 0; step < steps && bad < 20; ++step) {
+    const uint32_t b = 1 + static_cast<uint32_t>(rng() % max_batch);
+    const std::vector<uint8_t> bytes = RandomLogits(dtype, b, vocab, stride, rng);
+    std::vector<EngineRow> rows;
+    for (uint32_t i = 0; i < b; ++i) rows.push_back(RandomRow(rng, /*allow_invalid=*/true));
+    engine.WriteInputs(bytes, rows);
+    engine.Ring(b);
+    engine.WaitDone();
+    ASSERT_TRUE(engine.Finish(kStepLimit)) << "step " << step << " did not complete";
+    ASSERT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
+    ASSERT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEPS_DONE), static_cast<uint32_t>(step + 1));
+    ASSERT_EQ(engine.ControlWord(SAMPLERD_CONTROL_DOORBELL), 0u);
+    bad += CheckStep(engine, ReferenceBatch(dtype, vocab, stride, bytes, rows, logprobs), rows,
+                     logprobs, step);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST_F(GpuPlaneTest, ThousandStepsMatchTheKernelsAndTheCpuReference) {
+  constexpr uint32_t kMaxBatch = 12;
+  constexpr int64_t kVocab = 32000;
+  EngineSide engine(kMaxBatch, kVocab, kVocab, DType::kFp32, /*logprobs=*/true);
+  auto runner = Start(engine, "fp32");
+  ASSERT_NE(runner, nullptr);
+  RunSteps(engine, DType::kFp32, kMaxBatch, kVocab, kVocab, true, 1000, 1234);
+  runner->Stop();
+  EXPECT_EQ(runner->steps(), 1000u);
+}
+
+TEST_F(GpuPlaneTest, HalfPrecisionSessionsWithAStrideMatchTheKernels) {
+  for (DType dtype : {DType::kBf16, DType::kFp16}) {
+    EngineSide engine(5, 8193, 8200, dtype, /*logprobs=*/false);
+    auto runner = Start(engine, "half", /*steps_ahead=*/3);
+    ASSERT_NE(runner, nullptr);
+    RunSteps(engine, dtype, 5, 8193, 8200, false, 100, 99 + static_cast<int>(dtype));
+  }
+}
+
+TEST_F(GpuPlaneTest, AnInvalidRowGetsStatusFourAndLeavesItsNeighboursAlone) {
+  constexpr uint32_t kMaxBatch = 8;
+  constexpr int64_t kVocab = 5000;
+  EngineSide engine(kMaxBatch, kVocab, kVocab, DType::kFp32, /*logprobs=*/true);
+  auto runner = Start(engine, "invalid");
+  ASSERT_NE(runner, nullptr);
+  std::mt19937_64 rng(7);
+  const std::vector<uint8_t> bytes = RandomLogits(DType::kFp32, kMaxBatch, kVocab, kVocab, rng);
+  std::vector<EngineRow> rows;
+  for (uint32_t i = 0; i < kMaxBatch; ++i) rows.push_back(RandomRow(rng, false));
+  rows[3].top_p = 0.0f;
+  rows[5].temperature = kNaN;
+  engine.WriteInputs(bytes, rows);
+  engine.Ring(kMaxBatch);
+  engine.WaitDone();
+  ASSERT_TRUE(engine.Finish(kStepLimit));
+  EXPECT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
+  EXPECT_EQ(engine.status[3], SAMPLERD_ROW_INVALID_PARAMS);
+  EXPECT_EQ(engine.tokens[3], -1);
+  EXPECT_EQ(engine.logprobs[3], -kInf);
+  EXPECT_EQ(engine.status[5], SAMPLERD_ROW_INVALID_PARAMS);
+  EXPECT_EQ(CheckStep(engine, ReferenceBatch(DType::kFp32, kVocab, kVocab, bytes, rows, true), rows,
+                      true, 0),
+            0);
+}
+
+TEST_F(GpuPlaneTest, BatchZeroOrAboveMaxBatchIsABadBatchAndSamplesNothing) {
+  constexpr uint32_t kMaxBatch = 4;
+  constexpr int64_t kVocab = 1000;
+  EngineSide engine(kMaxBatch, kVocab, kVocab, DType::kFp32, /*logprobs=*/false);
+  auto runner = Start(engine, "bad_batch");
+  ASSERT_NE(runner, nullptr);
+  std::mt19937_64 rng(11);
+  std::vector<EngineRow> rows;
+  for (uint32_t i = 0; i < kMaxBatch; ++i) rows.push_back(RandomRow(rng, false));
+  engine.WriteInputs(RandomLogits(DType::kFp32, kMaxBatch, kVocab, kVocab, rng), rows);
+  for (uint32_t b : {0u, kMaxBatch + 1, 0xffffffffu}) {
+    engine.Ring(b);
+    engine.WaitDone();
+    ASSERT_TRUE(engine.Finish(kStepLimit)) << "B = " << b;
+    EXPECT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_BAD_BATCH)
+        << "B = " << b;
+    for (uint32_t i = 0; i < kMaxBatch; ++i) {
+      EXPECT_EQ(engine.tokens[i], 777) << "B = " << b << ": row " << i << " was written";
+      EXPECT_EQ(engine.status[i], 777) << "B = " << b << ": row " << i << " was written";
+    }
+  }
+  // The session goes on after a bad batch.
+  engine.Ring(kMaxBatch);
+  engine.WaitDone();
+  ASSERT_TRUE(engine.Finish(kStepLimit));
+  EXPECT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
+  EXPECT_EQ(engine.status[0], SAMPLERD_ROW_OK);
+}
+
+TEST_F(GpuPlaneTest, StopReleasesAnEngineWaitingOnDoneWithinOneSecond) {
+  EngineSide engine(4, 1000, 1000, DType::kFp32, false);
+  auto runner = Start(engine, "stop_engine_waits");
+  ASSERT_NE(runner, nullptr);
+  // The engine waits for a step it never rang (as if the server were to end the session).
+  engine.WaitDone();
+  const auto start = std::chrono::steady_clock::now();
+  runner->Stop();
+  const bool released = engine.Finish(std::chrono::milliseconds(1000));
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(released) << "the engine's wait on done was not released";
+  EXPECT_LT(elapsed, std::chrono::seconds(1));
+  EXPECT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_ABORTED);
+  EXPECT_EQ(engine.tokens[0], 777);  // nothing was sampled
+  runner->Stop();                    // idempotent
+}
+
+TEST_F(GpuPlaneTest, StopWithOnlyServerWaitsPendingReturnsWithinOneSecond) {
+  for (int steps_ahead : {1, 2, 4}) {
+    EngineSide engine(4, 1000, 1000, DType::kFp32, false);
+    auto runner = Start(engine, "stop_idle", steps_ahead);
+    ASSERT_NE(runner, nullptr);
+    const auto start = std::chrono::steady_clock::now();
+    runner->Stop();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1))
+        << "steps_ahead " << steps_ahead;
+    // A later engine wait completes at once, aborted.
+    engine.WaitDone();
+    ASSERT_TRUE(engine.Finish(std::chrono::milliseconds(1000)));
+    EXPECT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_ABORTED);
+    EXPECT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEPS_DONE), 0u);
+  }
+}
+
+TEST_F(GpuPlaneTest, TwoSessionsAtOnceEachGetTheirOwnTokens) {
+  constexpr uint32_t kMaxBatch = 6;
+  constexpr int64_t kVocab = 20000;
+  EngineSide a(kMaxBatch, kVocab, kVocab, DType::kFp32, true);
+  EngineSide b(kMaxBatch, kVocab, kVocab, DType::kBf16, false);
+  auto runner_a = Start(a, "a");
+  auto runner_b = Start(b, "b", 3);
+  ASSERT_NE(runner_a, nullptr);
+  ASSERT_NE(runner_b, nullptr);
+  std::mt19937_64 rng(21);
+  int bad = 0;
+  for (int step = 0; step < 60 && bad < 10; ++step) {
+    const uint32_t ba = 1 + rng() % kMaxBatch, bb = 1 + rng() % kMaxBatch;
+    const auto bytes_a = RandomLogits(DType::kFp32, ba, kVocab, kVocab, rng);
+    const auto bytes_b = RandomLogits(DType::kBf16, bb, kVocab, kVocab, rng);
+    std::vector<EngineRow> rows_a, rows_b;
+    for (uint32_t i = 0; i < ba; ++i) rows_a.push_back(RandomRow(rng, true));
+    for (uint32_t i = 0; i < bb; ++i) rows_b.push_back(RandomRow(rng, true));
+    a.WriteInputs(bytes_a, rows_a);
+    b.WriteInputs(bytes_b, rows_b);
+    a.Ring(ba);
+    b.Ring(bb);
+    a.WaitDone();
+    b.WaitDone();
+    ASSERT_TRUE(a.Finish(kStepLimit));
+    ASSERT_TRUE(b.Finish(kStepLimit));
+    bad += CheckStep(a, ReferenceBatch(DType::kFp32, kVocab, kVocab, bytes_a, rows_a, true), rows_a,
+                     true, step);
+    bad += CheckStep(b, ReferenceBatch(DType::kBf16, kVocab, kVocab, bytes_b, rows_b, false),
+                     rows_b, false, step);
+  }
+  EXPECT_EQ(bad, 0);
+  runner_a->Stop();
+  runner_b->Stop();
+  EXPECT_EQ(runner_a->steps(), 60u);
+  EXPECT_EQ(runner_b->steps(), 60u);
+}
+
+// Diagnostic: the median ring -> done time on the engine's stream (GPU events), bf16,
+// V = 151,936, plain top-k/top-p rows. Asserts only that every step completes.
+TEST_F(GpuPlaneTest, PrintsTheMedianStepLatency) {
+  constexpr uint32_t kMaxBatch = 128;
+  constexpr int64_t kVocab = 151936;
+  EngineSide engine(kMaxBatch, kVocab, kVocab, DType::kBf16, false);
+  auto runner = Start(engine, "timing", 4);
+  ASSERT_NE(runner, nullptr);
+  std::mt19937_64 rng(5);
+  std::vector<EngineRow> rows;
+  for (uint32_t i = 0; i < kMaxBatch; ++i) {
+    EngineRow r;
+    r.seed = rng();
+    r.temperature = 0.8f;
+    r.top_k = 50;
+    r.top_p = 0.9f;
+    rows.push_back(r);
+  }
+  engine.WriteInputs(RandomLogits(DType::kBf16, kMaxBatch, kVocab, kVocab, rng), rows);
+  for (uint32_t b : {1u, kMaxBatch}) {
+    std::vector<float> ms;
+    for (int step = 0; step < 520; ++step) {
+      engine.Ring(b, /*timed=*/true);
+      engine.WaitDone(/*timed=*/true);
+      ASSERT_TRUE(engine.Finish(kStepLimit));
+      ASSERT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
+      if (step >= 20) ms.push_back(engine.LastStepMs());
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf(
+        "[ timing ] GPU plane, bf16 V=%lld top-k 50 top-p 0.9, B=%u: median ring->done "
+        "%.1f us, p90 %.1f us (500 steps)\n",
+        static_cast<long long>(kVocab), b, ms[ms.size() / 2] * 1000.0f,
+        ms[ms.size() * 9 / 10] * 1000.0f);
+    EXPECT_GT(ms[ms.size() / 2], 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace samplerd::core
