@@ -30,6 +30,7 @@ samplerd::log "installing ${SAMPLERD_BUILD#"${SAMPLERD_ROOT}"/} into ${PREFIX}"
 cmake --install "${SAMPLERD_BUILD}" --prefix "${PREFIX}" >"${TMP}/install.log" ||
   { cat "${TMP}/install.log"; exit 1; }
 for f in include/samplerd/client.h include/samplerd/v1/sampler.grpc.pb.h \
+         include/samplerd/device_session.h include/samplerd/v1/device_session.h \
          lib/cmake/samplerd/samplerdConfig.cmake; do
   [[ -f "${PREFIX}/${f}" ]] || samplerd::die "install lacks ${f}"
 done
