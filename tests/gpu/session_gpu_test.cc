@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "proto/samplerd/v1/device_session.h"
 #include "service/core/session/gpu_plane.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/session_test_engine.h"
 
 namespace samplerd::core {
 namespace {
@@ -33,6 +35,11 @@ using kernels::RowParams;
 using kernels::TopPMode;
 using kernels::testing::Batch;
 using kernels::testing::Outputs;
+using session_testing::DirectSampler;
+using session_testing::EngineRow;
+using session_testing::EngineSide;
+using session_testing::IsValid;
+using session_testing::ToRowParams;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -45,216 +52,6 @@ const bool kQueuesSet = [] {
   setenv("GPU_MAX_HW_QUEUES", "16", /*overwrite=*/0);
   return true;
 }();
-
-// Parameters of one row as the engine writes them (device_session.h's params arrays).
-struct EngineRow {
-  uint64_t seed = 0;
-  uint64_t position = 0;
-  float temperature = 1.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  int32_t top_p_mode = 1;  // sampler.proto TopPMode: 0/1 TOP_K_FIRST, 2 JOINT
-};
-
-// What the server's validation accepts (service/core/validation.cc).
-bool IsValid(const EngineRow& r) {
-  return r.temperature >= 0.0f && !std::isinf(r.temperature) && r.top_k >= -1 && r.top_p > 0.0f &&
-         r.top_p <= 1.0f && r.min_p >= 0.0f && r.min_p <= 1.0f && r.top_p_mode >= 0 &&
-         r.top_p_mode <= 2;
-}
-
-RowParams ToRowParams(const EngineRow& r) {
-  RowParams p;
-  if (!IsValid(r)) {
-    p.temperature = 0.0f;  // the reference runs invalid rows greedy; their outputs are ignored
-    return p;
-  }
-  p.temperature = r.temperature;
-  p.top_k = r.top_k;
-  p.top_p = r.top_p;
-  p.min_p = r.min_p;
-  p.top_p_mode = r.top_p_mode == 2 ? TopPMode::kJoint : TopPMode::kTopKFirst;
-  p.seed = r.seed;
-  p.position = r.position;
-  return p;
-}
-
-// The engine's five buffers (plus logprobs) in device memory, and its stream.
-class EngineSide {
- public:
-  EngineSide(uint32_t max_batch, int64_t vocab, int64_t stride, DType dtype, bool logprobs)
-      : max_batch_(max_batch), vocab_(vocab), stride_(stride), dtype_(dtype) {
-    elem_ = kernels::DTypeSize(dtype);
-    Alloc(&control_, SAMPLERD_CONTROL_BYTES);
-    Alloc(&logits_, static_cast<size_t>(max_batch) * stride * elem_);
-    Alloc(&params_, samplerd_params_bytes(max_batch));
-    Alloc(&tokens_, max_batch * 4u);
-    Alloc(&status_, max_batch * 4u);
-    if (logprobs) Alloc(&logprobs_, max_batch * 4u);
-    // Pinned host staging: a copy from or to pageable memory may block the host until the
-    // stream reaches it, which here may be behind a wait on done.
-    EXPECT_EQ(gpu::PinnedMalloc(&pinned_, PinnedBytes()), 0);
-    EXPECT_EQ(gpu::StreamCreate(&stream_), 0);
-    EXPECT_EQ(gpu::EventCreate(&event_, false), 0);
-    EXPECT_EQ(gpu::EventCreate(&t0_, false), 0);
-    EXPECT_EQ(gpu::EventCreate(&t1_, false), 0);
-    std::memset(pinned_, 0, PinnedBytes());
-    EXPECT_EQ(gpu::CopyToDevice(control_, InControl(), SAMPLERD_CONTROL_BYTES, stream_), 0);
-    int32_t* fill = reinterpret_cast<int32_t*>(InLogits());
-    for (uint32_t i = 0; i < max_batch; ++i) fill[i] = 777;
-    EXPECT_EQ(gpu::CopyToDevice(tokens_, fill, max_batch * 4u, stream_), 0);
-    EXPECT_EQ(gpu::CopyToDevice(status_, fill, max_batch * 4u, stream_), 0);
-    EXPECT_TRUE(Finish(std::chrono::seconds(5)));
-  }
-
-  ~EngineSide() {
-    for (void* p : allocations_) gpu::DeviceFree(p);
-    gpu::PinnedFree(pinned_);
-    gpu::EventDestroy(event_);
-    gpu::EventDestroy(t0_);
-    gpu::EventDestroy(t1_);
-    gpu::StreamDestroy(stream_);
-  }
-
-  SessionSpec Spec(const std::string& id) const {
-    SessionSpec spec;
-    spec.id = id;
-    spec.plane = SessionPlane::kGpu;
-    spec.device_ordinal = 0;
-    spec.dtype = dtype_;
-    spec.max_batch = max_batch_;
-    spec.vocab = static_cast<uint32_t>(vocab_);
-    spec.row_stride = static_cast<uint64_t>(stride_);
-    spec.logprob_source = kernels::LogprobSource::kRaw;
-    spec.control = static_cast<uint8_t*>(control_);
-    spec.logits = logits_;
-    spec.params = static_cast<const uint8_t*>(params_);
-    spec.token_ids = static_cast<int32_t*>(tokens_);
-    spec.row_status = static_cast<int32_t*>(status_);
-    spec.sampled_logprobs = static_cast<float*>(logprobs_);
-    return spec;
-  }
-
-  // Step 1 of the protocol: logits rows [0, B) (bytes of B rows at the stride) and params.
-  void WriteInputs(const std::vector<uint8_t>& logits, const std::vector<EngineRow>& rows) {
-    if (!logits.empty()) {
-      std::memcpy(InLogits(), logits.data(), logits.size());
-      EXPECT_EQ(gpu::CopyToDevice(logits_, InLogits(), logits.size(), stream_), 0);
-    }
-    std::memset(InParams(), 0, samplerd_params_bytes(max_batch_));
-    const uint32_t m = max_batch_;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      Put(samplerd_params_seed_offset(m) + 8 * i, rows[i].seed);
-      Put(samplerd_params_position_offset(m) + 8 * i, rows[i].position);
-      Put(samplerd_params_temperature_offset(m) + 4 * i, rows[i].temperature);
-      Put(samplerd_params_top_k_offset(m) + 4 * i, rows[i].top_k);
-      Put(samplerd_params_top_p_offset(m) + 4 * i, rows[i].top_p);
-      Put(samplerd_params_min_p_offset(m) + 4 * i, rows[i].min_p);
-      Put(samplerd_params_top_p_mode_offset(m) + 4 * i, rows[i].top_p_mode);
-    }
-    EXPECT_EQ(gpu::CopyToDevice(params_, InParams(), samplerd_params_bytes(max_batch_), stream_),
-              0);
-  }
-
-  // Steps 1 (batch) and 2 of the protocol; `timed` records t0 before the ring.
-  void Ring(uint32_t batch, bool timed = false) {
-    EXPECT_EQ(gpu::StreamWriteValue32(stream_, Word(SAMPLERD_CONTROL_BATCH), batch), 0);
-    if (timed) {
-      EXPECT_EQ(gpu::EventRecord(t0_, stream_), 0);
-    }
-    EXPECT_EQ(gpu::StreamWriteValue32(stream_, Word(SAMPLERD_CONTROL_DOORBELL), SAMPLERD_RING), 0);
-  }
-
-  // Steps 3-5: wait for done, reset it, read the outputs back (Finish() then fills the host
-  // vectors).
-  void WaitDone(bool timed = false) {
-    EXPECT_EQ(gpu::StreamWaitValue32(stream_, Word(SAMPLERD_CONTROL_DONE), SAMPLERD_DONE), 0);
-    if (timed) {
-      EXPECT_EQ(gpu::EventRecord(t1_, stream_), 0);
-    }
-    EXPECT_EQ(gpu::StreamWriteValue32(stream_, Word(SAMPLERD_CONTROL_DONE), 0), 0);
-    EXPECT_EQ(gpu::CopyToHost(OutTokens(), tokens_, max_batch_ * 4u, stream_), 0);
-    EXPECT_EQ(gpu::CopyToHost(OutStatus(), status_, max_batch_ * 4u, stream_), 0);
-    if (logprobs_ != nullptr) {
-      EXPECT_EQ(gpu::CopyToHost(OutLogprobs(), logprobs_, max_batch_ * 4u, stream_), 0);
-    }
-    EXPECT_EQ(gpu::CopyToHost(OutControl(), control_, SAMPLERD_CONTROL_BYTES, stream_), 0);
-  }
-
-  // Waits (polling, bounded) until the engine stream's work so far has run and copies the
-  // outputs read back by WaitDone into the host vectors; false on timeout.
-  bool Finish(std::chrono::milliseconds limit) {
-    if (gpu::EventRecord(event_, stream_) != 0) return false;
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < deadline) {
-      const int code = gpu::EventQuery(event_);
-      if (code == 0) {
-        tokens.assign(OutTokens(), OutTokens() + max_batch_);
-        status.assign(OutStatus(), OutStatus() + max_batch_);
-        logprobs.assign(OutLogprobs(), OutLogprobs() + max_batch_);
-        const auto* words = reinterpret_cast<const uint32_t*>(OutControl());
-        control.assign(words, words + SAMPLERD_CONTROL_BYTES / 4);
-        return true;
-      }
-      if (!gpu::IsNotReady(code)) {
-        ADD_FAILURE() << "engine stream: " << gpu::ErrorString(code);
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-    return false;
-  }
-
-  float LastStepMs() {
-    float ms = -1.0f;
-    EXPECT_EQ(gpu::EventElapsedMs(&ms, t0_, t1_), 0);
-    return ms;
-  }
-
-  uint32_t ControlWord(uint32_t offset) const { return control[offset / 4]; }
-
-  std::vector<int32_t> tokens, status;
-  std::vector<float> logprobs;
-  std::vector<uint32_t> control;
-
- private:
-  void Alloc(void** p, size_t bytes) {
-    ASSERT_EQ(gpu::DeviceMalloc(p, bytes), 0);
-    allocations_.push_back(*p);
-  }
-  void* Word(uint32_t offset) const { return static_cast<uint8_t*>(control_) + offset; }
-  template <class T>
-  void Put(uint64_t offset, T v) {
-    std::memcpy(InParams() + offset, &v, sizeof(v));
-  }
-  // The pinned staging area: inputs (logits, params, control), then outputs.
-  size_t LogitsBytes() const { return static_cast<size_t>(max_batch_) * stride_ * elem_; }
-  size_t PinnedBytes() const {
-    return LogitsBytes() + samplerd_params_bytes(max_batch_) + 2 * SAMPLERD_CONTROL_BYTES +
-           3 * max_batch_ * 4u + 64;
-  }
-  uint8_t* InLogits() const { return static_cast<uint8_t*>(pinned_); }
-  uint8_t* InParams() const { return InLogits() + LogitsBytes(); }
-  uint8_t* InControl() const { return InParams() + samplerd_params_bytes(max_batch_); }
-  uint8_t* OutControl() const { return InControl() + SAMPLERD_CONTROL_BYTES; }
-  int32_t* OutTokens() const {
-    return reinterpret_cast<int32_t*>(OutControl() + SAMPLERD_CONTROL_BYTES);
-  }
-  int32_t* OutStatus() const { return OutTokens() + max_batch_; }
-  float* OutLogprobs() const { return reinterpret_cast<float*>(OutStatus() + max_batch_); }
-
-  uint32_t max_batch_;
-  int64_t vocab_, stride_;
-  DType dtype_;
-  int64_t elem_;
-  void *control_ = nullptr, *logits_ = nullptr, *params_ = nullptr, *tokens_ = nullptr,
-       *status_ = nullptr, *logprobs_ = nullptr;
-  std::vector<void*> allocations_;
-  void* pinned_ = nullptr;
-  gpu::Stream stream_ = nullptr;
-  gpu::Event event_ = nullptr, t0_ = nullptr, t1_ = nullptr;
-};
 
 constexpr auto kStepLimit = std::chrono::milliseconds(5000);
 
@@ -331,9 +128,9 @@ Batch ReferenceBatch(DType dtype, int64_t vocab, int64_t stride, const std::vect
 
 // Checks one step's outputs against kernels::gpu::Sample on the same rows (and the CPU
 // reference for greedy rows). Returns the number of mismatching rows.
-int CheckStep(const EngineSide& engine, const Batch& ref_batch, const std::vector<EngineRow>& rows,
-              bool logprobs, int step) {
-  const Outputs ref = kernels::testing::RunGpu(ref_batch);
+int CheckStep(DirectSampler& direct, const EngineSide& engine, const Batch& ref_batch,
+              const std::vector<EngineRow>& rows, bool logprobs, int step) {
+  const Outputs ref = direct.Run(ref_batch);
   int bad = 0;
   // The CPU reference runs the greedy rows only (the oracle is slow on full rows).
   std::vector<size_t> greedy_rows;
@@ -401,15 +198,21 @@ class GpuPlaneTest : public ::testing::Test {
                                      int steps_ahead = 2) {
     GpuPlaneOptions options;
     options.steps_ahead = steps_ahead;
-    auto runner = StartGpuPlane(engine.Spec(id), options,
-                                [this](const absl::Status& s) { fault_ = s.ToString(); });
+    auto runner = StartGpuPlane(engine.Spec(id), options, [this](const absl::Status& s) {
+      std::lock_guard<std::mutex> lock(fault_mu_);
+      fault_ = s.ToString();
+    });
     EXPECT_TRUE(runner.ok()) << runner.status();
     return runner.ok() ? std::move(*runner) : nullptr;
   }
 
-  void TearDown() override { EXPECT_EQ(fault_, ""); }
+  void TearDown() override {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    EXPECT_EQ(fault_, "");
+  }
 
-  std::string fault_;  // written by the runner's thread; read after Stop()
+  std::mutex fault_mu_;
+  std::string fault_;  // a runner's fault, if any (guarded by fault_mu_)
 };
 
 std::vector<uint8_t> RandomLogits(DType dtype, int64_t rows, int64_t vocab, int64_t stride,
@@ -424,8 +227,8 @@ std::vector<uint8_t> RandomLogits(DType dtype, int64_t rows, int64_t vocab, int6
 }
 
 // Runs `steps` steps of random batch sizes and parameters; every token checked.
-void RunSteps(EngineSide& engine, DType dtype, uint32_t max_batch, int64_t vocab, int64_t stride,
-              bool logprobs, int steps, uint64_t seed) {
+void RunSteps(DirectSampler& direct, EngineSide& engine, DType dtype, uint32_t max_batch,
+              int64_t vocab, int64_t stride, bool logprobs, int steps, uint64_t seed) {
   std::mt19937_64 rng(seed);
   int bad = 0;
   for (int step = 0; step < steps && bad < 20; ++step) {
@@ -440,8 +243,8 @@ void RunSteps(EngineSide& engine, DType dtype, uint32_t max_batch, int64_t vocab
     ASSERT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
     ASSERT_EQ(engine.ControlWord(SAMPLERD_CONTROL_STEPS_DONE), static_cast<uint32_t>(step + 1));
     ASSERT_EQ(engine.ControlWord(SAMPLERD_CONTROL_DOORBELL), 0u);
-    bad += CheckStep(engine, ReferenceBatch(dtype, vocab, stride, bytes, rows, logprobs), rows,
-                     logprobs, step);
+    bad += CheckStep(direct, engine, ReferenceBatch(dtype, vocab, stride, bytes, rows, logprobs),
+                     rows, logprobs, step);
   }
   EXPECT_EQ(bad, 0);
 }
@@ -450,9 +253,10 @@ TEST_F(GpuPlaneTest, ThousandStepsMatchTheKernelsAndTheCpuReference) {
   constexpr uint32_t kMaxBatch = 12;
   constexpr int64_t kVocab = 32000;
   EngineSide engine(kMaxBatch, kVocab, kVocab, DType::kFp32, /*logprobs=*/true);
+  DirectSampler direct(kMaxBatch, kVocab, kVocab, DType::kFp32);
   auto runner = Start(engine, "fp32");
   ASSERT_NE(runner, nullptr);
-  RunSteps(engine, DType::kFp32, kMaxBatch, kVocab, kVocab, true, 1000, 1234);
+  RunSteps(direct, engine, DType::kFp32, kMaxBatch, kVocab, kVocab, true, 1000, 1234);
   runner->Stop();
   EXPECT_EQ(runner->steps(), 1000u);
 }
@@ -460,9 +264,10 @@ TEST_F(GpuPlaneTest, ThousandStepsMatchTheKernelsAndTheCpuReference) {
 TEST_F(GpuPlaneTest, HalfPrecisionSessionsWithAStrideMatchTheKernels) {
   for (DType dtype : {DType::kBf16, DType::kFp16}) {
     EngineSide engine(5, 8193, 8200, dtype, /*logprobs=*/false);
+    DirectSampler direct(5, 8193, 8200, dtype);
     auto runner = Start(engine, "half", /*steps_ahead=*/3);
     ASSERT_NE(runner, nullptr);
-    RunSteps(engine, dtype, 5, 8193, 8200, false, 100, 99 + static_cast<int>(dtype));
+    RunSteps(direct, engine, dtype, 5, 8193, 8200, false, 100, 99 + static_cast<int>(dtype));
   }
 }
 
@@ -470,6 +275,7 @@ TEST_F(GpuPlaneTest, AnInvalidRowGetsStatusFourAndLeavesItsNeighboursAlone) {
   constexpr uint32_t kMaxBatch = 8;
   constexpr int64_t kVocab = 5000;
   EngineSide engine(kMaxBatch, kVocab, kVocab, DType::kFp32, /*logprobs=*/true);
+  DirectSampler direct(kMaxBatch, kVocab, kVocab, DType::kFp32);
   auto runner = Start(engine, "invalid");
   ASSERT_NE(runner, nullptr);
   std::mt19937_64 rng(7);
@@ -487,9 +293,10 @@ TEST_F(GpuPlaneTest, AnInvalidRowGetsStatusFourAndLeavesItsNeighboursAlone) {
   EXPECT_EQ(engine.tokens[3], -1);
   EXPECT_EQ(engine.logprobs[3], -kInf);
   EXPECT_EQ(engine.status[5], SAMPLERD_ROW_INVALID_PARAMS);
-  EXPECT_EQ(CheckStep(engine, ReferenceBatch(DType::kFp32, kVocab, kVocab, bytes, rows, true), rows,
-                      true, 0),
-            0);
+  EXPECT_EQ(
+      CheckStep(direct, engine, ReferenceBatch(DType::kFp32, kVocab, kVocab, bytes, rows, true),
+                rows, true, 0),
+      0);
 }
 
 TEST_F(GpuPlaneTest, BatchZeroOrAboveMaxBatchIsABadBatchAndSamplesNothing) {
@@ -560,6 +367,8 @@ TEST_F(GpuPlaneTest, TwoSessionsAtOnceEachGetTheirOwnTokens) {
   constexpr int64_t kVocab = 20000;
   EngineSide a(kMaxBatch, kVocab, kVocab, DType::kFp32, true);
   EngineSide b(kMaxBatch, kVocab, kVocab, DType::kBf16, false);
+  DirectSampler direct_a(kMaxBatch, kVocab, kVocab, DType::kFp32);
+  DirectSampler direct_b(kMaxBatch, kVocab, kVocab, DType::kBf16);
   auto runner_a = Start(a, "a");
   auto runner_b = Start(b, "b", 3);
   ASSERT_NE(runner_a, nullptr);
@@ -581,10 +390,12 @@ TEST_F(GpuPlaneTest, TwoSessionsAtOnceEachGetTheirOwnTokens) {
     b.WaitDone();
     ASSERT_TRUE(a.Finish(kStepLimit));
     ASSERT_TRUE(b.Finish(kStepLimit));
-    bad += CheckStep(a, ReferenceBatch(DType::kFp32, kVocab, kVocab, bytes_a, rows_a, true), rows_a,
-                     true, step);
-    bad += CheckStep(b, ReferenceBatch(DType::kBf16, kVocab, kVocab, bytes_b, rows_b, false),
-                     rows_b, false, step);
+    bad +=
+        CheckStep(direct_a, a, ReferenceBatch(DType::kFp32, kVocab, kVocab, bytes_a, rows_a, true),
+                  rows_a, true, step);
+    bad +=
+        CheckStep(direct_b, b, ReferenceBatch(DType::kBf16, kVocab, kVocab, bytes_b, rows_b, false),
+                  rows_b, false, step);
   }
   EXPECT_EQ(bad, 0);
   runner_a->Stop();

@@ -48,6 +48,81 @@ std::string RuntimeText(int code) {
     }                                                                                          \
   } while (false)
 
+// Device allocations and streams of ended sessions, kept for later sessions instead of freed.
+// DeviceFree may synchronize the whole device, and so wait behind another session's parked
+// doorbell wait until that engine rings (which an idle engine never does). Streams are mapped
+// onto the device's hardware queues round robin in creation order (CUDA_DEVICE_MAX_CONNECTIONS),
+// and a parked wait blocks its whole queue: reusing streams keeps the number ever created at
+// the peak of open sessions, so that sessions never share a queue while that peak stays below
+// the queue count. Holds at most that peak per device. Thread-safe.
+class AllocationCache {
+ public:
+  static AllocationCache& Get() {
+    static AllocationCache* cache = new AllocationCache();  // never destroyed
+    return *cache;
+  }
+
+  // The smallest cached allocation of at least `bytes` on `ordinal`, else a new one (the
+  // current device must be `ordinal`). Returns the runtime's code; *got is the real size.
+  int Take(int ordinal, size_t bytes, void** ptr, size_t* got) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->ordinal == ordinal && it->bytes >= bytes &&
+            (best == free_.end() || it->bytes < best->bytes)) {
+          best = it;
+        }
+      }
+      if (best != free_.end()) {
+        *ptr = best->ptr;
+        *got = best->bytes;
+        free_.erase(best);
+        return 0;
+      }
+    }
+    *got = bytes;
+    return gpu::DeviceMalloc(ptr, bytes);
+  }
+
+  // Returns an allocation that no pending work touches any more.
+  void Give(int ordinal, void* ptr, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back({ordinal, ptr, bytes});
+  }
+
+  // A cached idle stream of `ordinal`, else a new non-blocking one (current device: `ordinal`).
+  int TakeStream(int ordinal, gpu::Stream* stream) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = streams_.begin(); it != streams_.end(); ++it) {
+        if (it->first == ordinal) {
+          *stream = it->second;
+          streams_.erase(it);
+          return 0;
+        }
+      }
+    }
+    return gpu::StreamCreate(stream);
+  }
+
+  // Returns a stream with no pending work.
+  void GiveStream(int ordinal, gpu::Stream stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.emplace_back(ordinal, stream);
+  }
+
+ private:
+  struct Entry {
+    int ordinal;
+    void* ptr;
+    size_t bytes;
+  };
+  std::mutex mu_;
+  std::vector<Entry> free_;                           // guarded by mu_
+  std::vector<std::pair<int, gpu::Stream>> streams_;  // guarded by mu_
+};
+
 absl::Status ValidateSpec(const SessionSpec& spec, const GpuPlaneOptions& options) {
   if (spec.plane != SessionPlane::kGpu) {
     return absl::InvalidArgumentError("expected a GPU-plane session spec, got a host-plane one");
@@ -99,8 +174,10 @@ class GpuPlaneRunner final : public PlaneRunner {
           "expected a device with stream memory operations (wait/write value), got device ",
           spec_.device_ordinal, " without them"));
     }
-    RETURN_IF_RUNTIME(gpu::StreamCreate(&stream_), "creating the session stream");
-    RETURN_IF_RUNTIME(gpu::StreamCreate(&release_stream_), "creating the release stream");
+    RETURN_IF_RUNTIME(AllocationCache::Get().TakeStream(spec_.device_ordinal, &stream_),
+                      "creating the session stream");
+    RETURN_IF_RUNTIME(AllocationCache::Get().TakeStream(spec_.device_ordinal, &release_stream_),
+                      "creating the release stream");
     args_.control = spec_.control;
     args_.max_batch = spec_.max_batch;
     args_.dtype = spec_.dtype;
@@ -115,7 +192,8 @@ class GpuPlaneRunner final : public PlaneRunner {
     // The abort word sits in the workspace's first 256 bytes, before the step's own.
     workspace_bytes_ = gpu::SessionStepWorkspaceBytes(spec_.max_batch, spec_.vocab,
                                                       spec_.sampled_logprobs != nullptr);
-    int code = gpu::DeviceMalloc(&allocation_, kAbortBytes + workspace_bytes_);
+    const int code = AllocationCache::Get().Take(
+        spec_.device_ordinal, kAbortBytes + workspace_bytes_, &allocation_, &allocation_bytes_);
     if (code != 0) {
       allocation_ = nullptr;
       (void)gpu::LastError();
@@ -239,10 +317,15 @@ class GpuPlaneRunner final : public PlaneRunner {
          gpu::StreamWriteValue32(release_stream_, ControlWord(SAMPLERD_CONTROL_DONE),
                                  SAMPLERD_DONE) == 0 &&
          gpu::EventRecord(release_done_, release_stream_) == 0;
-    if (!ok) (void)gpu::LastError();
     pending_.clear();
+    if (!ok) {
+      // The waits could not all be released: keep the memory and streams (see below).
+      (void)gpu::LastError();
+      leaked_ = true;
+      return;
+    }
     const auto deadline = std::chrono::steady_clock::now() + kStopDeadline;
-    while (ok) {
+    while (true) {
       const int code = gpu::EventQuery(release_done_);
       if (code == 0) break;
       if (!gpu::IsNotReady(code) || std::chrono::steady_clock::now() > deadline) {
@@ -254,7 +337,6 @@ class GpuPlaneRunner final : public PlaneRunner {
       }
       std::this_thread::sleep_for(kSleep);
     }
-    if (!ok) return;
     (void)gpu::StreamSynchronize(stream_);
     (void)gpu::StreamSynchronize(release_stream_);
   }
@@ -266,9 +348,13 @@ class GpuPlaneRunner final : public PlaneRunner {
       if (event != nullptr) (void)gpu::EventDestroy(event);
     }
     if (release_done_ != nullptr) (void)gpu::EventDestroy(release_done_);
-    if (stream_ != nullptr) (void)gpu::StreamDestroy(stream_);
-    if (release_stream_ != nullptr) (void)gpu::StreamDestroy(release_stream_);
-    if (allocation_ != nullptr) (void)gpu::DeviceFree(allocation_);
+    if (stream_ != nullptr) AllocationCache::Get().GiveStream(spec_.device_ordinal, stream_);
+    if (release_stream_ != nullptr) {
+      AllocationCache::Get().GiveStream(spec_.device_ordinal, release_stream_);
+    }
+    if (allocation_ != nullptr) {
+      AllocationCache::Get().Give(spec_.device_ordinal, allocation_, allocation_bytes_);
+    }
     (void)gpu::LastError();
   }
 
@@ -281,8 +367,9 @@ class GpuPlaneRunner final : public PlaneRunner {
   gpu::SessionStepArgs args_;
   gpu::Stream stream_ = nullptr;
   gpu::Stream release_stream_ = nullptr;  // Stop()'s releases: never behind the session's waits
-  void* allocation_ = nullptr;            // abort word + workspace
-  uint32_t* abort_ = nullptr;             // device word: nonzero aborts every pending step
+  void* allocation_ = nullptr;            // abort word + workspace (AllocationCache)
+  size_t allocation_bytes_ = 0;
+  uint32_t* abort_ = nullptr;  // device word: nonzero aborts every pending step
   uint8_t* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::vector<gpu::Event> events_;  // one per enqueued step, reused round robin
