@@ -208,5 +208,79 @@ TEST(ToProto, DescribesTheServer) {
   EXPECT_EQ(out.limits().max_top_logprobs(), core::Limits{}.max_top_logprobs);
 }
 
+TEST(ToProto, DescribesDeviceSessionSupport) {
+  core::ServerInfo info;
+  info.device_sessions = {/*max_sessions=*/5, /*gpu_plane=*/true, /*host_plane=*/true,
+                          /*mps=*/true, /*open_sessions=*/3};
+  v1::GetServerInfoResponse out;
+  ToProto(info, &out);
+  EXPECT_EQ(out.limits().max_device_sessions(), 5);
+  EXPECT_TRUE(out.device_sessions().gpu_plane());
+  EXPECT_TRUE(out.device_sessions().host_plane());
+  EXPECT_TRUE(out.device_sessions().mps());
+  EXPECT_EQ(out.device_sessions().open_sessions(), 3);
+}
+
+TEST(FromProto, CarriesEveryDeviceSessionOpenField) {
+  v1::DeviceSessionOpen wire;
+  wire.set_device("GPU-x");
+  wire.set_dtype(v1::DTYPE_FP16);
+  wire.set_max_batch(32);
+  wire.set_vocab(151936);
+  wire.set_row_stride(152064);
+  const auto slice = [](v1::RegionSlice* s, const char* region, uint64_t offset) {
+    s->set_region(region);
+    s->set_offset(offset);
+  };
+  slice(wire.mutable_control(), "c", 1);
+  slice(wire.mutable_logits(), "l", 2);
+  slice(wire.mutable_params(), "p", 3);
+  slice(wire.mutable_token_ids(), "t", 4);
+  slice(wire.mutable_row_status(), "s", 5);
+  slice(wire.mutable_sampled_logprobs(), "g", 6);
+  wire.set_logprob_source(v1::LOGPROB_SOURCE_PROCESSED);
+  wire.set_plane(v1::DEVICE_PLANE_HOST);
+  core::SessionOpen out;
+  FromProto(wire, &out);
+  EXPECT_EQ(out.device, "GPU-x");
+  EXPECT_EQ(out.dtype, 2);
+  EXPECT_EQ(out.max_batch, 32u);
+  EXPECT_EQ(out.vocab, 151936u);
+  EXPECT_EQ(out.row_stride, 152064u);
+  EXPECT_EQ(out.control.region, "c");
+  EXPECT_EQ(out.control.offset, 1u);
+  EXPECT_EQ(out.logits.region, "l");
+  EXPECT_EQ(out.params.offset, 3u);
+  EXPECT_EQ(out.token_ids.region, "t");
+  EXPECT_EQ(out.row_status.offset, 5u);
+  EXPECT_EQ(out.sampled_logprobs.region, "g");
+  EXPECT_EQ(out.sampled_logprobs.offset, 6u);
+  EXPECT_EQ(out.logprob_source, 2);
+  EXPECT_EQ(out.plane, 2);
+}
+
+TEST(FromProto, KeepsUnknownDeviceSessionEnumsForTheManagerToRefuse) {
+  v1::DeviceSessionOpen wire;
+  wire.set_dtype(static_cast<v1::DType>(42));
+  wire.set_logprob_source(static_cast<v1::LogprobSource>(7));
+  wire.set_plane(static_cast<v1::DevicePlane>(9));
+  core::SessionOpen out;
+  FromProto(wire, &out);
+  EXPECT_EQ(out.dtype, 42);
+  EXPECT_EQ(out.logprob_source, 7);
+  EXPECT_EQ(out.plane, 9);
+  EXPECT_TRUE(out.sampled_logprobs.region.empty());  // unset: none
+}
+
+TEST(ToProto, DescribesAnOpenedSession) {
+  v1::DeviceSessionOpened out;
+  ToProto(core::OpenedSession{"ds-7", core::SessionPlane::kGpu, "0000:3b:00.0"}, &out);
+  EXPECT_EQ(out.session_id(), "ds-7");
+  EXPECT_EQ(out.plane(), v1::DEVICE_PLANE_GPU);
+  EXPECT_EQ(out.device(), "0000:3b:00.0");
+  ToProto(core::OpenedSession{"ds-8", core::SessionPlane::kHost, ""}, &out);
+  EXPECT_EQ(out.plane(), v1::DEVICE_PLANE_HOST);
+}
+
 }  // namespace
 }  // namespace samplerd::grpc_transport
