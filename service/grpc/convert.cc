@@ -186,6 +186,7 @@ void FromProto(const v1::DeviceSessionOpen& in, core::SessionOpen* out) {
       in.has_sampled_logprobs() ? FromProto(in.sampled_logprobs()) : core::SessionSlice{};
   out->logprob_source = static_cast<int32_t>(in.logprob_source());
   out->plane = static_cast<int32_t>(in.plane());
+  out->unregister_regions_on_end = in.unregister_regions_on_end();
 }
 
 void ToProto(const core::OpenedSession& in, v1::DeviceSessionOpened* out) {

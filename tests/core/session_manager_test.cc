@@ -446,6 +446,45 @@ TEST_F(HostSessions, ARunnerFaultEndsItsSessionAndCallsItsEndCallback) {
   EXPECT_TRUE(HasStatus(manager_->Close(opened->id), absl::StatusCode::kNotFound, "has ended"));
 }
 
+TEST_F(HostSessions, OwnedRegionsAreUnregisteredWhenTheSessionEndsHoweverItEnds) {
+  SessionOpen open = OpenIn("host");
+  open.unregister_regions_on_end = true;
+  // Ended by Close.
+  absl::StatusOr<OpenedSession> opened = Open(open);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(regions_.List().size(), 1u);  // held while the session lives
+  ASSERT_TRUE(manager_->Close(opened->id).ok());
+  EXPECT_TRUE(regions_.List().empty());
+
+  // Ended by a runner fault (the engine gone, say).
+  ASSERT_TRUE(regions_.RegisterHostShm("host", shm_.key(), 0, shm_.size()).ok());
+  absl::Notification ended;
+  ASSERT_TRUE(manager_->Open(open, [&](const absl::Status&) { ended.Notify(); }).ok());
+  std::thread runner_thread(recorder_.on_fault, absl::InternalError("engine gone"));
+  runner_thread.join();
+  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(regions_.List().empty());
+
+  // Ended by CloseAll (drain).
+  ASSERT_TRUE(regions_.RegisterHostShm("host", shm_.key(), 0, shm_.size()).ok());
+  ASSERT_TRUE(Open(open).ok());
+  manager_->CloseAll();
+  EXPECT_TRUE(regions_.List().empty());
+}
+
+TEST_F(HostSessions, RegionsStayRegisteredWithoutTheFlagOrWhenTheOpenFails) {
+  absl::StatusOr<OpenedSession> opened = Open(OpenIn("host"));
+  ASSERT_TRUE(opened.ok());
+  ASSERT_TRUE(manager_->Close(opened->id).ok());
+  EXPECT_EQ(regions_.List().size(), 1u);
+
+  SessionOpen open = OpenIn("host");
+  open.unregister_regions_on_end = true;
+  recorder_.fail_start = absl::ResourceExhaustedError("no threads");
+  EXPECT_FALSE(Open(open).ok());
+  EXPECT_EQ(regions_.List().size(), 1u);  // the client may retry the open
+}
+
 TEST_F(HostSessions, ARunnerThatFailsToStartFailsTheOpenAndFreesTheSlot) {
   recorder_.fail_start = absl::ResourceExhaustedError("no threads");
   EXPECT_TRUE(HasStatus(Open(OpenIn("host")), absl::StatusCode::kResourceExhausted, "no threads"));

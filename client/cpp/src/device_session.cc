@@ -131,6 +131,7 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
   open.set_max_batch(options.max_batch);
   open.set_vocab(options.vocab);
   open.set_row_stride(options.row_stride);
+  open.set_unregister_regions_on_end(true);  // a dead engine leaves nothing mapped
   open.set_logprob_source(options.logprob_source);
   open.set_plane(options.plane == SessionPlane::kHost ? v1::DEVICE_PLANE_HOST
                                                       : v1::DEVICE_PLANE_GPU);

@@ -406,7 +406,7 @@ def _open_message(layout: lay.Layout, dtype_enum: int, logprob_source: Optional[
                   plane: int, device: str) -> Any:
     msg = pb.DeviceSessionOpen(
         device=device, dtype=dtype_enum, max_batch=layout.max_batch, vocab=layout.vocab,
-        plane=plane, **layout.slices(pb, region))
+        plane=plane, unregister_regions_on_end=True, **layout.slices(pb, region))
     if logprob_source is not None:
         msg.logprob_source = logprob_source
     return msg

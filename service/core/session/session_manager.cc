@@ -298,6 +298,12 @@ absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndC
     session->id = opened.id;
     session->control = spec.control;
     session->on_end = std::move(on_end);
+    if (open.unregister_regions_on_end) {
+      for (const SessionSlice* slice : {&open.control, &open.logits, &open.params, &open.token_ids,
+                                        &open.row_status, &open.sampled_logprobs}) {
+        if (!slice->region.empty()) session->owned_regions.push_back(slice->region);
+      }
+    }
     sessions_.emplace(opened.id, std::move(session));
   }
   spec.id = opened.id;
@@ -322,6 +328,7 @@ absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndC
     failed = std::move(it->second);
     sessions_.erase(it);
   }
+  // A session that never opened leaves its regions registered: the client may retry.
   if (runner.ok() && *runner != nullptr) (*runner)->Stop();
   return error;
 }
@@ -338,10 +345,17 @@ absl::StatusOr<uint64_t> SessionManager::Close(const std::string& id) {
     session = std::move(it->second);
     sessions_.erase(it);
   }
-  session->runner->Stop();
   const uint64_t steps = session->runner->steps();
-  session->runner.reset();  // releases the leases
+  End(*session);
   return steps;
+}
+
+void SessionManager::End(Session& session) {
+  if (session.runner != nullptr) session.runner->Stop();
+  session.runner.reset();  // releases the leases
+  // A region may be named twice, or be gone already (the client unregistered it): both fine.
+  for (const std::string& name : session.owned_regions) regions_->Unregister(name).IgnoreError();
+  session.owned_regions.clear();
 }
 
 void SessionManager::CloseAll() {
@@ -364,7 +378,7 @@ void SessionManager::CloseAll() {
       "samplerd is shutting down: the device session has ended (its engine wait completed with "
       "step status ABORTED); open a new one on another instance");
   for (std::unique_ptr<Session>& session : ending) {
-    session->runner.reset();
+    End(*session);
     if (session->on_end) session->on_end(status);
   }
 }
@@ -394,8 +408,7 @@ void SessionManager::EnderLoop() {
     std::unique_ptr<Session> session = std::move(it->second);
     sessions_.erase(it);
     lock.unlock();
-    session->runner->Stop();
-    session->runner.reset();
+    End(*session);
     if (session->on_end) session->on_end(status);
     session.reset();
     lock.lock();

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,6 +52,8 @@ struct SessionOpen {
   SessionSlice sampled_logprobs;  // optional
   int32_t logprob_source = 0;     // LogprobSource: 0 or 1 raw, 2 processed
   int32_t plane = 0;              // DevicePlane: 0 from the regions, 1 GPU, 2 host
+  // Unregister the named regions when the session ends (whatever ends it).
+  bool unregister_regions_on_end = false;
 };
 
 // DeviceSessionOpened, in the core's terms.
@@ -126,7 +129,12 @@ class SessionManager {
     std::unique_ptr<PlaneRunner> runner;  // null while starting
     EndCallback on_end;
     absl::Status early_fault;  // a fault reported while starting
+    // Regions to unregister once the session has ended (SessionOpen::unregister_regions_on_end).
+    std::vector<std::string> owned_regions;
   };
+
+  // Stops the session's runner (releasing its leases) and unregisters its owned regions.
+  void End(Session& session);
 
   // Everything before the runner starts; fills `spec` and `opened`.
   absl::Status Prepare(const SessionOpen& open, SessionSpec* spec, OpenedSession* opened);
