@@ -191,7 +191,8 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
   // The sampled token's logprob and rank (1 + the eligible tokens strictly above it).
   const float token_z = row_source.Z(token);
   uint64_t above = 0;
-  if (!view.point_mass) {
+  // The rank costs a pass over the row; device sessions return the logprob alone.
+  if (!view.point_mass && p.sampled_rank != nullptr) {
     const uint32_t token_key = OrderedKey(token_z);
     uint64_t mine = 0;
     source.ForEach(
