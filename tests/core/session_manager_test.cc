@@ -127,6 +127,14 @@ SessionOpen OpenIn(const std::string& region, uint64_t base = 0) {
   return open;
 }
 
+// A GPU-plane open: the control block in host shm region "host" (both planes poll it on the
+// host), the data buffers in GPU IPC region `region`.
+SessionOpen GpuOpen(const std::string& region) {
+  SessionOpen open = OpenIn(region);
+  open.control = OpenIn("host").control;
+  return open;
+}
+
 // Success when `result` failed with `code` and a message containing `substring`.
 template <typename T>
 ::testing::AssertionResult HasStatus(const absl::StatusOr<T>& result, absl::StatusCode code,
@@ -563,7 +571,7 @@ class GpuSessions : public HostSessions {
 };
 
 TEST_F(GpuSessions, GpuIpcBuffersOpenAGpuPlaneSessionOnTheServersDevice) {
-  absl::StatusOr<OpenedSession> opened = Open(OpenIn("gpu"));
+  absl::StatusOr<OpenedSession> opened = Open(GpuOpen("gpu"));
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(opened->plane, SessionPlane::kGpu);
   EXPECT_EQ(opened->device, "0000:3b:00.0");
@@ -571,19 +579,25 @@ TEST_F(GpuSessions, GpuIpcBuffersOpenAGpuPlaneSessionOnTheServersDevice) {
   EXPECT_EQ(recorder_.last.device_ordinal, 0);
   EXPECT_TRUE(manager_->Support().gpu_plane);
   // Named by UUID or PCI bus id in another spelling: the same device.
-  SessionOpen open = OpenIn("gpu");
+  SessionOpen open = GpuOpen("gpu");
   open.device = "0b5c6a1e";
   ASSERT_TRUE(manager_->Close(opened->id).ok());
   EXPECT_TRUE(Open(open).ok());
 }
 
-TEST_F(GpuSessions, BuffersOfMixedKindsAreInvalidArgument) {
-  SessionOpen open = OpenIn("gpu");
+TEST_F(GpuSessions, DataBuffersOfMixedKindsAreInvalidArgument) {
+  SessionOpen open = GpuOpen("gpu");
   open.logits = OpenIn("host").logits;
   EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
-                        "expected every buffer in one kind of region (all host shm or all GPU "
-                        "IPC), got DeviceSessionOpen.control in GPU IPC and "
-                        "DeviceSessionOpen.logits in host shm"));
+                        "expected the data buffers in one kind of region (all host shm or all "
+                        "GPU IPC), got DeviceSessionOpen.logits in host shm and "
+                        "DeviceSessionOpen.params in GPU IPC"));
+}
+
+TEST_F(GpuSessions, AControlBlockInGpuMemoryIsInvalidArgument) {
+  EXPECT_TRUE(HasStatus(Open(OpenIn("gpu")), absl::StatusCode::kInvalidArgument,
+                        "expected DeviceSessionOpen.control in a host shm region (both planes), "
+                        "got a GPU IPC region"));
 }
 
 TEST_F(GpuSessions, APlaneTheRegionsDoNotFitIsFailedPrecondition) {
@@ -591,7 +605,7 @@ TEST_F(GpuSessions, APlaneTheRegionsDoNotFitIsFailedPrecondition) {
   open.plane = 1;
   EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kFailedPrecondition,
                         "expected GPU IPC buffers for DEVICE_PLANE_GPU"));
-  open = OpenIn("gpu");
+  open = GpuOpen("gpu");
   open.plane = 2;
   EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kFailedPrecondition,
                         "expected host shm buffers for DEVICE_PLANE_HOST"));
@@ -602,26 +616,26 @@ TEST_F(GpuSessions, APlaneTheRegionsDoNotFitIsFailedPrecondition) {
 }
 
 TEST_F(GpuSessions, RegionsOnAnotherGpuAreFailedPrecondition) {
-  EXPECT_TRUE(HasStatus(Open(OpenIn("other_gpu")), absl::StatusCode::kFailedPrecondition,
+  EXPECT_TRUE(HasStatus(Open(GpuOpen("other_gpu")), absl::StatusCode::kFailedPrecondition,
                         "expected every buffer on this server's GPU 0000:3b:00.0, got "
-                        "DeviceSessionOpen.control on another GPU"));
+                        "DeviceSessionOpen.logits on another GPU"));
 }
 
 TEST_F(GpuSessions, ADeviceFieldNamingAnotherDeviceIsFailedPrecondition) {
-  SessionOpen open = OpenIn("gpu");
+  SessionOpen open = GpuOpen("gpu");
   open.device = "0000:5e:00.0";
   EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kFailedPrecondition,
                         "expected device \"0000:3b:00.0\""));
 }
 
 TEST_F(GpuSessions, ASliceTooSmallIsOutOfRangeOnGpuRegionsToo) {
-  SessionOpen open = OpenIn("gpu");
+  SessionOpen open = GpuOpen("gpu");
   open.logits.offset = Pack(kM, kV, 4).total - 64;
   EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kOutOfRange, "DeviceSessionOpen.logits"));
 }
 
-TEST_F(GpuSessions, ResolvedAddressesCatchAControlBlockOrOverlapThroughAnotherName) {
-  absl::StatusOr<OpenedSession> first = Open(OpenIn("gpu"));
+TEST_F(GpuSessions, ResolvedAddressesCatchASharedControlBlockOrOverlapThroughAnotherName) {
+  absl::StatusOr<OpenedSession> first = Open(GpuOpen("gpu"));
   ASSERT_TRUE(first.ok());
   std::vector<uint8_t> other(Pack(kM, kV, 4).total + 64);
   const uint64_t pad = (64 - reinterpret_cast<uintptr_t>(other.data()) % 64) % 64;
@@ -629,18 +643,17 @@ TEST_F(GpuSessions, ResolvedAddressesCatchAControlBlockOrOverlapThroughAnotherNa
                   .RegisterGpuIpc("other", ipc_.Export(&other, 'o'), pad, Pack(kM, kV, 4).total,
                                   "0000:3b:00.0")
                   .ok());
-  SessionOpen open = OpenIn("other");
-  open.control = OpenIn("gpu_alias").control;
+  SessionOpen open = GpuOpen("other");  // the same host control block as `first`
   EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kAlreadyExists, first->id));
   ASSERT_TRUE(manager_->Close(first->id).ok());
-  open = OpenIn("gpu");
+  open = GpuOpen("gpu");
   open.params = OpenIn("gpu_alias").logits;
   EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
                         "DeviceSessionOpen.logits and DeviceSessionOpen.params"));
 }
 
 TEST_F(GpuSessions, ClosingASessionReleasesItsLeases) {
-  absl::StatusOr<OpenedSession> opened = Open(OpenIn("gpu"));
+  absl::StatusOr<OpenedSession> opened = Open(GpuOpen("gpu"));
   ASSERT_TRUE(opened.ok());
   ASSERT_TRUE(regions_.Unregister("gpu").ok());
   ASSERT_TRUE(regions_.Unregister("gpu_alias").ok());

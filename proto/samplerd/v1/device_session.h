@@ -8,19 +8,27 @@
  * This header is plain C (C99 and C++), with no dependencies, so that an engine in any language
  * can be written from it and sampler.proto alone. All integers are little-endian.
  *
- * Planes. Where the buffers live decides who samples:
- *   GPU plane:  every buffer is GPU memory (GPU IPC regions on the server's GPU). The server's
- *               stream waits on the doorbell in device memory and samples with the GPU kernels.
- *               The engine's side is stream memory operations only, capturable in a CUDA graph.
- *   host plane: every buffer is host shared memory (host shm regions). The engine copies its
- *               logits and parameters into them on its own stream (pinned with cudaHostRegister
- *               / hipHostRegister), rings, and its stream waits on the done flag in host memory.
- *               The server's CPU threads poll the doorbell and sample. The GPU never switches to
- *               the server's context: the cheapest plane for small batches without MPS.
+ * The control block is always host shared memory (a host shm region), in both planes: the
+ * engine pins it (cudaHostRegister / hipHostRegister, mapped) and its stream writes and waits
+ * on it through the device pointer of that registration; the server polls it on the host.
+ * The server never parks a GPU stream on a wait: on the H200 a parked wait blocked every
+ * device-wide synchronisation in the server process (cudaFree, IPC opens) until the engine
+ * rang, so one idle engine could stall every other client of the server.
+ *
+ * Planes. Where the data buffers (all but the control block) live decides who samples:
+ *   GPU plane:  they are GPU memory (GPU IPC regions on the server's GPU). When the doorbell
+ *               rings, the server enqueues the GPU kernels and a stream write of done on its
+ *               own stream. The engine's side is stream memory operations only, capturable in a
+ *               CUDA graph.
+ *   host plane: they are host shared memory (host shm regions). The engine copies its logits
+ *               and parameters into them on its own stream (pinned like the control block),
+ *               rings, and its stream waits on the done flag. The server's CPU threads sample.
+ *               The GPU never switches to the server's context: the cheapest plane for small
+ *               batches without MPS.
  *
  * Buffers (each one a RegionSlice of DeviceSessionOpen; M = max_batch, V = vocab, S = row
  * stride in elements, S >= V):
- *   control     SAMPLERD_CONTROL_BYTES, aligned to 64: struct samplerd_control below.
+ *   control     SAMPLERD_CONTROL_BYTES, aligned to 64, host shm: struct samplerd_control below.
  *   logits      [M, S] elements of the session's dtype, aligned to the element size.
  *   params      samplerd_params_bytes(M), aligned to 8: per-row parameters, one array per field
  *               (struct of arrays, so that an engine copies its per-field tensors as they are):
@@ -48,10 +56,11 @@
  *   3. wait until control.done == SAMPLERD_DONE               (cuStreamWaitValue32, EQ)
  *   4. write control.done = 0                                 (cuStreamWriteValue32)
  *   5. read token_ids, row_status (and sampled_logprobs) rows [0, B); check control.step_status.
- * Server side, per step: wait doorbell == SAMPLERD_RING; write doorbell = 0; validate batch and
+ * Server side, per step: see doorbell == SAMPLERD_RING; write doorbell = 0; validate batch and
  * every row's parameters (a bad row gets ROW_STATUS 4 and token -1, its neighbours are
  * unaffected); sample; write the outputs and step_status; increment steps_done; write
- * done = SAMPLERD_DONE. The server keeps steps enqueued ahead, so step 3 starts at once.
+ * done = SAMPLERD_DONE (GPU plane: all enqueued on the server's stream at the ring, so no host
+ * work sits between the kernels and done).
  *
  * Faults. control.step_status says how the step ended:
  *   SAMPLERD_STEP_OK         the outputs hold rows [0, B);

@@ -175,14 +175,20 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
     spec->leases[b] = *std::move(lease);
   }
 
-  // One kind of region, fitting the plane and the server.
-  const RegionKind kind = spec->leases[kControl].view().kind;
-  for (int b = 1; b < buffers; ++b) {
+  // The control block is host shm in both planes: the server polls it on the host and never
+  // parks a GPU wait (a parked wait blocks every device-wide synchronisation in the server:
+  // docs/DEVICE_SESSIONS.md). The other buffers are of one kind, which decides the plane.
+  if (spec->leases[kControl].view().kind != RegionKind::kHostShm) {
+    return Invalid(absl::StrCat(Field(kControl), " in a host shm region (both planes)"),
+                   "a GPU IPC region");
+  }
+  const RegionKind kind = spec->leases[kLogits].view().kind;
+  for (int b = kLogits + 1; b < buffers; ++b) {
     const RegionKind other = spec->leases[b].view().kind;
     if (other != kind) {
-      return Invalid("every buffer in one kind of region (all host shm or all GPU IPC)",
-                     absl::StrCat(Field(kControl), " in ", KindName(kind), " and ", Field(b),
-                                  " in ", KindName(other)));
+      return Invalid("the data buffers in one kind of region (all host shm or all GPU IPC)",
+                     absl::StrCat(Field(kLogits), " in ", KindName(kind), " and ", Field(b), " in ",
+                                  KindName(other)));
     }
   }
   if (open.plane == 1 && kind != RegionKind::kGpuIpc) {
@@ -201,7 +207,7 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
           "expected host shm buffers on a server without the GPU plane, got GPU IPC regions");
     }
     RETURN_IF_ERROR(MatchDevice(open.device, device_));
-    for (int b = 0; b < buffers; ++b) {
+    for (int b = kLogits; b < buffers; ++b) {
       const int ordinal = spec->leases[b].view().device_ordinal;
       if (ordinal != device_.ordinal) {
         return absl::FailedPreconditionError(
@@ -216,13 +222,14 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
   } else {
     spec->plane = SessionPlane::kHost;
     opened->plane = SessionPlane::kHost;
-    for (int b : {kControl, kTokenIds, kRowStatus, kSampledLogprobs}) {
-      if (b < buffers && !spec->leases[b].view().writable) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "expected ", Field(b),
-            " in a region samplerd can write, got a host shm object it could open only "
-            "read-only (give the server's user write permission on it)"));
-      }
+  }
+  for (int b : {kControl, kTokenIds, kRowStatus, kSampledLogprobs}) {
+    if (b < buffers && spec->leases[b].view().kind == RegionKind::kHostShm &&
+        !spec->leases[b].view().writable) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expected ", Field(b),
+                       " in a region samplerd can write, got a host shm object it could open only "
+                       "read-only (give the server's user write permission on it)"));
     }
   }
 
@@ -239,6 +246,7 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
     for (int b = a + 1; b < buffers; ++b) {
       const RegionView& x = spec->leases[a].view();
       const RegionView& y = spec->leases[b].view();
+      if (x.kind != y.kind) continue;  // host and device addresses never alias
       const uintptr_t x0 = reinterpret_cast<uintptr_t>(x.data);
       const uintptr_t y0 = reinterpret_cast<uintptr_t>(y.data);
       const uintptr_t start = std::max(x0, y0);

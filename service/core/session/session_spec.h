@@ -27,7 +27,8 @@ struct SessionSpec {
   uint64_t row_stride = 0;  // elements, >= vocab
   kernels::LogprobSource logprob_source = kernels::LogprobSource::kRaw;
 
-  // The buffers: host pointers (host plane, host shm mappings) or device pointers of
+  // The buffers. control is always a host pointer (the server's mapping of a host shm region);
+  // the data buffers are host pointers (host plane, host shm mappings) or device pointers of
   // device_ordinal (GPU plane, GPU IPC mappings). Layouts: device_session.h.
   uint8_t* control = nullptr;  // samplerd_control
   const void* logits = nullptr;
