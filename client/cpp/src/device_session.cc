@@ -1,9 +1,12 @@
 // samplerd::DeviceSession: buffers and regions, the DeviceSession stream and its watcher thread,
-// and the two ways to step (host spin-wait, GPU stream memory operations).
+// and the two ways to step (host spin-wait, GPU stream memory operations). The control block is
+// host shm in both planes (the session's shm object), so the server polls it on the host, and
+// the watcher releases a pending wait with plain stores.
 #include "samplerd/device_session.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -14,7 +17,6 @@
 namespace samplerd {
 namespace {
 
-using internal::GpuContext;
 using internal::GpuStreamOps;
 using internal::GpuVendor;
 
@@ -75,8 +77,10 @@ inline void CpuRelax() {
 DeviceSessionLayout ComputeDeviceSessionLayout(const DeviceSessionOptions& options) {
   DeviceSessionLayout layout;
   uint64_t at = 0;
-  layout.control = at;
-  at = AlignUp(at + SAMPLERD_CONTROL_BYTES);
+  if (options.plane == SessionPlane::kHost) {  // the GPU plane's is a shm object of its own
+    layout.control = at;
+    at = AlignUp(at + SAMPLERD_CONTROL_BYTES);
+  }
   layout.logits = at;
   at = AlignUp(at + LogitsBytes(options));
   layout.params = at;
@@ -149,17 +153,16 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
     if (options.logprobs) slice(open.mutable_sampled_logprobs(), layout_.sampled_logprobs);
   } else {
     open.set_device(options.gpu.device);
+    open.mutable_control()->set_region(shm_region_);
+    open.mutable_control()->set_offset(control_offset_);
     // UseGpuBuffers registered one region per IPC handle, starting at the lowest offset.
-    std::map<std::string, std::pair<std::string, uint64_t>> by_handle;  // handle -> name, base
-    for (size_t i = 0; i < gpu_regions_.size(); ++i) {
-      by_handle[gpu_regions_[i].handle] = {regions_[i], gpu_regions_[i].base};
-    }
+    std::map<std::string, const GpuRegion*> by_handle;
+    for (const GpuRegion& region : gpu_regions_) by_handle[region.handle] = &region;
     const auto slice = [&by_handle](v1::RegionSlice* s, const GpuBuffer& buffer) {
-      const auto& [name, base] = by_handle.at(buffer.ipc_handle);
-      s->set_region(name);
-      s->set_offset(buffer.offset - base);
+      const GpuRegion& region = *by_handle.at(buffer.ipc_handle);
+      s->set_region(region.name);
+      s->set_offset(buffer.offset - region.base);
     };
-    slice(open.mutable_control(), options.gpu.control);
     slice(open.mutable_logits(), options.gpu.logits);
     slice(open.mutable_params(), options.gpu.params);
     slice(open.mutable_token_ids(), options.gpu.token_ids);
@@ -169,19 +172,31 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
   return OpenStream(open);
 }
 
-grpc::Status DeviceSession::AllocateHostBuffers(Client* client) {
-  const std::string name = NextName();
+grpc::Status DeviceSession::AllocateShm(Client* client, const std::string& name, uint64_t bytes,
+                                        uint64_t control_offset) {
   const std::string key = options_.shm_key.empty() ? "/samplerd-" + name : options_.shm_key;
   std::string error;
-  shm_ = HostShmBuffer::Create(key, layout_.total_bytes, &error);
+  shm_ = HostShmBuffer::Create(key, bytes, &error);
   if (shm_ == nullptr) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        "expected a host shm object of " + std::to_string(layout_.total_bytes) +
-                            " bytes, got " + error);
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        "expected a host shm object of " + std::to_string(bytes) + " bytes, got " + error);
   }
+  std::memset(shm_->data(), 0, bytes);
+  control_offset_ = control_offset;
+  control_ =
+      reinterpret_cast<samplerd_control*>(static_cast<uint8_t*>(shm_->data()) + control_offset);
+  grpc::Status status = client->RegisterHostShm(name, shm_->key(), 0, bytes);
+  if (!status.ok()) return status;
+  regions_.push_back(name);
+  shm_region_ = name;
+  return grpc::Status::OK;
+}
+
+grpc::Status DeviceSession::AllocateHostBuffers(Client* client) {
+  grpc::Status status = AllocateShm(client, NextName(), layout_.total_bytes, layout_.control);
+  if (!status.ok()) return status;
   auto* base = static_cast<uint8_t*>(shm_->data());
-  std::memset(base, 0, layout_.total_bytes);
-  control_ = reinterpret_cast<samplerd_control*>(base + layout_.control);
   logits_ = base + layout_.logits;
   uint8_t* params = base + layout_.params;
   const uint32_t m = options_.max_batch;
@@ -201,9 +216,6 @@ grpc::Status DeviceSession::AllocateHostBuffers(Client* client) {
   if (options_.logprobs) {
     sampled_logprobs_ = reinterpret_cast<float*>(base + layout_.sampled_logprobs);
   }
-  grpc::Status status = client->RegisterHostShm(name, shm_->key(), 0, layout_.total_bytes);
-  if (!status.ok()) return status;
-  regions_.push_back(name);
   return grpc::Status::OK;
 }
 
@@ -214,8 +226,7 @@ grpc::Status DeviceSession::UseGpuBuffers(Client* client) {
     uint64_t bytes;
     const char* what;
   };
-  std::vector<Need> needs = {{&gpu.control, SAMPLERD_CONTROL_BYTES, "control"},
-                             {&gpu.logits, LogitsBytes(options_), "logits"},
+  std::vector<Need> needs = {{&gpu.logits, LogitsBytes(options_), "logits"},
                              {&gpu.params, samplerd_params_bytes(options_.max_batch), "params"},
                              {&gpu.token_ids, 4ull * options_.max_batch, "token_ids"},
                              {&gpu.row_status, 4ull * options_.max_batch, "row_status"}};
@@ -228,17 +239,6 @@ grpc::Status DeviceSession::UseGpuBuffers(Client* client) {
                      " to have a device pointer and an IPC handle, got none");
     }
   }
-  // The driver calls for aborts need the engine's context, current on this thread now.
-  std::string error;
-  const GpuStreamOps* ops = GpuStreamOps::Get(ToVendor(options_.gpu_runtime), &error);
-  if (ops == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
-  GpuContext context;
-  error = ops->CurrentContext(&context);
-  if (!error.empty()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
-  gpu_ops_ = ops;
-  gpu_context_ = context.cuda_context;
-  gpu_device_ = context.hip_device;
-
   // One region per allocation (IPC handle), spanning the buffers that lie in it.
   std::map<std::string, std::pair<uint64_t, uint64_t>> spans;  // handle -> [begin, end)
   for (const Need& need : needs) {
@@ -249,16 +249,18 @@ grpc::Status DeviceSession::UseGpuBuffers(Client* client) {
       it->second.second = std::max(it->second.second, end);
     }
   }
+  grpc::Status status;
   for (const auto& [handle, span] : spans) {
     const std::string name = NextName();
-    grpc::Status status =
-        client->RegisterGpuIpc(name, handle, span.first, span.second - span.first, gpu.device);
+    status = client->RegisterGpuIpc(name, handle, span.first, span.second - span.first, gpu.device);
     if (!status.ok()) return status;
     regions_.push_back(name);
-    gpu_regions_.push_back({handle, span.first});
+    gpu_regions_.push_back({name, handle, span.first});
   }
-  control_ = static_cast<samplerd_control*>(gpu.control.device_ptr);
-  control_device_address_ = reinterpret_cast<uint64_t>(gpu.control.device_ptr);
+  // The control block: one page of host shm (pinned whole at the first EnqueueStep).
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  status = AllocateShm(client, NextName(), std::max<uint64_t>(page, SAMPLERD_CONTROL_BYTES), 0);
+  if (!status.ok()) return status;
   logits_ = gpu.logits.device_ptr;
   auto* params = static_cast<uint8_t*>(gpu.params.device_ptr);
   const uint32_t m = options_.max_batch;
@@ -321,19 +323,8 @@ void DeviceSession::Watch() {
 
 void DeviceSession::ReleaseWaits() {
   if (control_ == nullptr) return;
-  if (options_.plane == SessionPlane::kHost) {
-    StoreRelease(&control_->step_status, SAMPLERD_STEP_ABORTED);
-    StoreRelease(&control_->done, SAMPLERD_DONE);
-    return;
-  }
-  if (gpu_ops_ == nullptr) return;
-  const uint64_t addresses[2] = {control_device_address_ + SAMPLERD_CONTROL_STEP_STATUS,
-                                 control_device_address_ + SAMPLERD_CONTROL_DONE};
-  const uint32_t values[2] = {SAMPLERD_STEP_ABORTED, SAMPLERD_DONE};
-  GpuContext context;
-  context.cuda_context = gpu_context_;
-  context.hip_device = gpu_device_;
-  Ops(gpu_ops_)->WriteNow(context, addresses, values, 2);  // best effort: nothing else to do
+  StoreRelease(&control_->step_status, SAMPLERD_STEP_ABORTED);
+  StoreRelease(&control_->done, SAMPLERD_DONE);
 }
 
 bool DeviceSession::open() const {
@@ -348,10 +339,7 @@ grpc::Status DeviceSession::EndedStatus() const {
   return grpc::Status(grpc::StatusCode::ABORTED, "expected an open device session, got one " + why);
 }
 
-uint32_t DeviceSession::step_status() const {
-  if (options_.plane == SessionPlane::kHost) return LoadAcquire(&control_->step_status);
-  return open() ? SAMPLERD_STEP_OK : SAMPLERD_STEP_ABORTED;
-}
+uint32_t DeviceSession::step_status() const { return LoadAcquire(&control_->step_status); }
 
 grpc::Status DeviceSession::StepOnHost(int batch) {
   if (options_.plane != SessionPlane::kHost) {
@@ -399,12 +387,12 @@ grpc::Status DeviceSession::EnqueueStep(void* stream, int batch) {
     if (gpu_ops_ == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
   }
   const GpuStreamOps* ops = Ops(gpu_ops_);
-  if (options_.plane == SessionPlane::kHost && !host_pinned_) {
+  if (!host_pinned_) {
     uint64_t base = 0;
     error = ops->RegisterHost(shm_->data(), shm_->size(), &base);
     if (!error.empty()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error);
     host_pinned_ = true;
-    control_device_address_ = base + layout_.control;
+    control_device_address_ = base + control_offset_;
   }
   const uint64_t control = control_device_address_;
   error = ops->WriteValue32(stream, control + SAMPLERD_CONTROL_BATCH, static_cast<uint32_t>(batch));

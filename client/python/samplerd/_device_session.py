@@ -23,8 +23,12 @@ thread holds. A step then costs no RPC:
       parameters into it, writes the doorbell, waits on ``done`` in host memory, resets it and
       copies the tokens back into CUDA tensors. The server samples on its CPU threads and the
       engine's GPU never switches context: the cheap plane for small batches without MPS.
-    - GPU plane: one CUDA allocation registered as a GPU IPC region; the server's stream waits
-      on the doorbell in device memory and samples with its GPU kernels.
+    - GPU plane: the logits, parameters and outputs are one CUDA allocation registered as a GPU
+      IPC region, which the server's GPU kernels read and write; the control block is a
+      one-page host shm object of its own (a second region), pinned like the host plane's, so
+      the stream's doorbell write and ``done`` wait go to host memory. The server polls the
+      doorbell on the host and never parks a stream wait (a parked wait would block every
+      device-wide synchronisation in the server: docs/DEVICE_SESSIONS.md).
     - ``plane="auto"``: the host plane for B <= ``host_plane_max_batch`` (default 8, pending
       measurement), the GPU plane above. When max_batch spans both, the session opens two server
       sessions (one per plane, each with its own buffers) and picks one per sample() call by B.
@@ -32,13 +36,13 @@ thread holds. A step then costs no RPC:
 
 Faults: when the DeviceSession call ends without ``closed`` (the server died or drains), the
 watcher thread writes ``step_status = ABORTED`` and ``done = 1`` into the control block itself
-(a plain store in host memory; a stream write on a side stream in device memory), so a pending
-engine wait completes at once, and the session is broken: the next sample() (or check()) raises
+(plain stores: the control block is host memory in both planes), so a pending engine wait
+completes at once, and the session is broken: the next sample() (or check()) raises
 SamplerError(ABORTED, "the samplerd server went away: ..."). An aborted step inside a replayed
 graph leaves stale outputs: call :meth:`DeviceSession.check` after the replay's results are in.
 
-close() sends ``close``, waits for ``closed``, unregisters the region, unpins and unlinks the shm
-object; Client.close() and interpreter exit close open sessions.
+close() sends ``close``, waits for ``closed``, unregisters the regions, unpins and unlinks the shm
+objects; Client.close() and interpreter exit close open sessions.
 """
 
 from __future__ import annotations
@@ -113,6 +117,28 @@ class _Atomics:
         if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
             return None
         return cls()
+
+
+def _abort_atomics() -> Optional[_Atomics]:
+    try:
+        return _Atomics.for_this_cpu()
+    except OSError:  # no libatomic: plain stores (the numpy host plane then refuses to open)
+        return None
+
+
+_ATOMICS = _abort_atomics()
+
+
+def _store_abort(words: Optional[np.ndarray]) -> None:
+    """step_status = ABORTED, then done = DONE, in a control block in host memory (uint32 view);
+    done with a sequentially consistent store where plain stores may be reordered."""
+    if words is None:
+        return
+    words[_W_STEP_STATUS] = lay.STEP_ABORTED
+    if _ATOMICS is None:
+        words[_W_DONE] = lay.DONE
+    else:
+        _ATOMICS.store(words.ctypes.data + lay.DONE_WORD, lay.DONE, _Atomics.SEQ_CST)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -295,8 +321,7 @@ class _ShmBuffers:
         return int(self.region.array.ctypes.data)
 
     def abort(self) -> None:
-        self.control[_W_STEP_STATUS] = lay.STEP_ABORTED
-        self.control[_W_DONE] = lay.DONE
+        _store_abort(self.control)
 
     def close(self) -> None:
         """Drops the views, then unregisters, unmaps and unlinks the object."""
@@ -403,10 +428,11 @@ class _NumpyHostPlane(_Plane):
 
 
 def _open_message(layout: lay.Layout, dtype_enum: int, logprob_source: Optional[int], region: str,
-                  plane: int, device: str) -> Any:
+                  plane: int, device: str, control_region: Optional[str] = None) -> Any:
     msg = pb.DeviceSessionOpen(
         device=device, dtype=dtype_enum, max_batch=layout.max_batch, vocab=layout.vocab,
-        plane=plane, unregister_regions_on_end=True, **layout.slices(pb, region))
+        plane=plane, unregister_regions_on_end=True,
+        **layout.slices(pb, region, control_region))
     if logprob_source is not None:
         msg.logprob_source = logprob_source
     return msg
@@ -422,8 +448,7 @@ class _TorchSteps:
         self.index = index
         self.ops = stream_ops()
         with torch.cuda.device(index):
-            torch.cuda.current_stream().synchronize()  # makes the primary context current
-            self.context = self.ops.current_context()
+            torch.cuda.current_stream().synchronize()  # creates the device's primary context
 
     def fill(self, view: Any, value: Any, name: str, batch: int) -> None:
         """view[:batch] = value, enqueued on the current stream (no allocation for scalars and
@@ -479,10 +504,10 @@ class _TorchSteps:
 
 
 def _torch_views(torch: Any, buf: Any, layout: lay.Layout, dtype: Any) -> Dict[str, Any]:
-    """Typed views of one uint8 tensor (CPU or CUDA) laid out as ``layout``."""
+    """Typed views of one uint8 tensor (CPU or CUDA) laid out as ``layout`` (the data buffers;
+    the stream operations address the control block themselves)."""
     m, v = layout.max_batch, layout.vocab
     views = {
-        "control": buf[layout.control:layout.control + lay.CONTROL_BYTES].view(torch.int32),
         "logits": buf[layout.logits:layout.logits + m * v * layout.itemsize].view(dtype).view(m, v),
         "params": buf[layout.params:layout.params + lay.params_bytes(m)],
         "token_ids": buf[layout.token_ids:layout.token_ids + 4 * m].view(torch.int32),
@@ -522,16 +547,9 @@ class _TorchHostPlane(_Plane):
         self.buffers = _ShmBuffers(client, layout, np_dtype)
         self._pinned = False
         try:
-            rc = torch.cuda.cudart().cudaHostRegister(self.buffers.address, layout.total,
-                                                       _host_register_flags())
-            if int(rc) != 0:
-                raise SamplerError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"cudaHostRegister of the session's shm: expected cudaSuccess, got {rc}")
+            base = _pin(self.cuda, self.buffers.address, layout.total, "the session's shm")
             self._pinned = True
-            with torch.cuda.device(index):
-                self.control_address = (self.cuda.ops.host_device_pointer(self.buffers.address)
-                                        + layout.control)
+            self.control_address = base + layout.control
             host = torch.from_numpy(self.buffers.region.array)  # uint8, pinned by the above
             self.host = _torch_views(torch, host, layout, self.tdtype)
             device = torch.device("cuda", index)
@@ -573,7 +591,7 @@ class _TorchHostPlane(_Plane):
     def _release(self) -> None:
         self.host = {}
         if self._pinned:
-            self.cuda.torch.cuda.cudart().cudaHostUnregister(self.buffers.address)
+            _unpin(self.cuda, self.buffers.address)
             self._pinned = False
         self.buffers.close()
 
@@ -584,14 +602,67 @@ class _TorchHostPlane(_Plane):
         self._release()
 
 
-def _host_register_flags() -> int:
+def _pin(steps: "_TorchSteps", address: int, nbytes: int, what: str) -> int:
+    """Page-locks host memory for every GPU (cudaHostRegister, portable and mapped) and returns
+    its device address on the session's GPU. Undo with _unpin."""
     from ._stream_ops import HOST_REGISTER_PORTABLE_MAPPED
 
-    return HOST_REGISTER_PORTABLE_MAPPED
+    torch = steps.torch
+    rc = torch.cuda.cudart().cudaHostRegister(address, nbytes, HOST_REGISTER_PORTABLE_MAPPED)
+    if int(rc) != 0:
+        raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION,
+                           f"cudaHostRegister of {what}: expected cudaSuccess, got {rc}")
+    try:
+        with torch.cuda.device(steps.index):
+            return steps.ops.host_device_pointer(address)
+    except BaseException:
+        torch.cuda.cudart().cudaHostUnregister(address)
+        raise
+
+
+def _unpin(steps: "_TorchSteps", address: int) -> None:
+    steps.torch.cuda.cudart().cudaHostUnregister(address)
+
+
+class _ControlShm:
+    """A GPU-plane session's control block: a one-page host shm object registered as a region
+    of its own and pinned for the engine's GPU, so that the stream operations write the doorbell
+    and wait on ``done`` in host memory (through ``device_address``) and the watcher releases a
+    wait with plain stores."""
+
+    def __init__(self, client: Any, steps: "_TorchSteps") -> None:
+        n = next(_SERIAL)
+        self.steps = steps
+        self.region_name = f"dsession-{os.getpid()}-{n}-control"
+        self.region = client.register_host_shm(
+            self.region_name, lay.CONTROL_SHM_BYTES,
+            key=f"{SHM_PREFIX}dsession-{os.getpid()}-{n}-control")
+        self.words: Optional[np.ndarray] = self.region.array[:lay.CONTROL_BYTES].view(np.uint32)
+        self.address = int(self.region.array.ctypes.data)
+        self.pinned = False
+        try:
+            self.device_address = _pin(steps, self.address, lay.CONTROL_SHM_BYTES,
+                                       "the session's control shm")
+            self.pinned = True
+        except BaseException:
+            self.close()
+            raise
+
+    def abort(self) -> None:
+        _store_abort(self.words)
+
+    def close(self) -> None:
+        """Unpins, then unregisters, unmaps and unlinks the object (no stream may still use it)."""
+        self.words = None
+        if self.pinned:
+            _unpin(self.steps, self.address)
+            self.pinned = False
+        self.region.close()
 
 
 class _TorchGpuPlane(_Plane):
-    """The GPU plane: one CUDA allocation, a GPU IPC region, flags in device memory."""
+    """The GPU plane: the data buffers in one CUDA allocation (a GPU IPC region), the control
+    block in a pinned host shm object (_ControlShm, a host shm region)."""
 
     name = "gpu"
 
@@ -600,7 +671,7 @@ class _TorchGpuPlane(_Plane):
         super().__init__()
         enum = _DTYPES[dtype][0]
         self.client = client
-        self.layout = layout
+        self.layout = layout.without_control()
         self.tdtype = getattr(torch, dtype)
         try:
             server_device = client._cuda._match_device(torch, index)
@@ -608,13 +679,12 @@ class _TorchGpuPlane(_Plane):
             raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION, f"GPU plane: {e}") from None
         self.cuda = _TorchSteps(torch, index)
         device = torch.device("cuda", index)
-        self.buffer = torch.zeros(layout.total, dtype=torch.uint8, device=device)
+        self.buffer = torch.zeros(self.layout.total, dtype=torch.uint8, device=device)
         torch.cuda.synchronize(device)  # the zeros are in place before the server maps them
-        self.views = _torch_views(torch, self.buffer, layout, self.tdtype)
-        self.fields = _param_views(torch, self.views["params"], layout.max_batch)
-        self.control_address = int(self.buffer.data_ptr()) + layout.control
-        self.side = torch.cuda.Stream(device=device)  # for the abort writes
+        self.views = _torch_views(torch, self.buffer, self.layout, self.tdtype)
+        self.fields = _param_views(torch, self.views["params"], self.layout.max_batch)
         self.region_name: Optional[str] = None
+        self.control: Optional[_ControlShm] = None
         self.shared = SharedStorage(torch, self.buffer)
         try:
             if self.shared.form != b"c":
@@ -630,8 +700,10 @@ class _TorchGpuPlane(_Plane):
             client._call(client._stub.RegisterRegion,
                          pb.RegisterRegionRequest(name=name, gpu_ipc=region))
             self.region_name = name
-            self._open(client, _open_message(layout, enum, logprob_source, name,
-                                             pb.DEVICE_PLANE_GPU, server_device))
+            self.control = _ControlShm(client, self.cuda)
+            self._open(client, _open_message(self.layout, enum, logprob_source, name,
+                                             pb.DEVICE_PLANE_GPU, server_device,
+                                             control_region=self.control.region_name))
         except BaseException:
             self._release()
             raise
@@ -641,13 +713,8 @@ class _TorchGpuPlane(_Plane):
         return self.views["logits"]
 
     def _write_abort(self) -> None:
-        # Device memory, from the watcher thread: stream writes on a side stream (ordered:
-        # step_status first), which run while the engine's stream waits on `done`.
-        st = self.cuda
-        st.ops.set_context(st.context)
-        side = int(self.side.cuda_stream)
-        st.ops.write32(side, self.control_address + lay.STEP_STATUS, lay.STEP_ABORTED)
-        st.ops.write32(side, self.control_address + lay.DONE_WORD, lay.DONE)
+        if self.control is not None:
+            self.control.abort()  # host memory: plain stores, seen by the engine stream's wait
 
     def sample(self, logits: Any, batch: int, params: Dict[str, Any]) -> Tuple[Any, Any]:
         st = self.cuda
@@ -657,7 +724,9 @@ class _TorchGpuPlane(_Plane):
             mine[:batch].copy_(logits)
         for name, view in self.fields.items():
             st.fill(view, params[name], name, batch)
-        st.ring_and_wait(st.stream(), self.control_address, batch)
+        assert self.control is not None
+        # The doorbell write is fenced after the logits and params writes above (default flags).
+        st.ring_and_wait(st.stream(), self.control.device_address, batch)
         if "sampled_logprobs" in self.views:
             self.logprobs = self.views["sampled_logprobs"][:batch]
         return self.views["token_ids"][:batch], self.views["row_status"][:batch]
@@ -672,11 +741,14 @@ class _TorchGpuPlane(_Plane):
         if self.shared is not None:
             self.shared.release()
             self.shared = None
+        if self.control is not None:
+            control, self.control = self.control, None
+            control.close()
 
     def close(self, timeout: float) -> None:
         if self.server is not None:
             self.server.close(timeout)
-        self.cuda.torch.cuda.synchronize(self.buffer.device)
+        self.cuda.torch.cuda.synchronize(self.buffer.device)  # no stream op still uses them
         self._release()
 
 

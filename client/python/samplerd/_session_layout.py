@@ -1,14 +1,16 @@
-"""Where a device session's buffers lie in one allocation (proto/samplerd/v1/device_session.h).
+"""Where a device session's buffers lie (proto/samplerd/v1/device_session.h).
 
-The Python client puts a session's six buffers (control block, logits, params, token ids, row
-statuses, optional sampled logprobs) in one allocation, one region: a host shm object for the
-host plane, one CUDA allocation for the GPU plane. Each buffer starts at a multiple of
-``ALIGN`` bytes (more than any alignment the header asks for), in this order, with no overlap.
-The constants mirror the header's; keep them equal.
+The control block is host shm in both planes. The host plane puts all six buffers (control
+block, logits, params, token ids, row statuses, optional sampled logprobs) in one host shm
+object, one region. The GPU plane puts the five data buffers in one CUDA allocation (a GPU IPC
+region) and the control block alone in a one-page host shm object (a second region, at offset
+0). Each buffer starts at a multiple of ``ALIGN`` bytes (more than any alignment the header
+asks for), in this order, with no overlap. The constants mirror the header's; keep them equal.
 """
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +24,9 @@ ROW_OK = 1
 ROW_INVALID_PARAMS = 4
 
 CONTROL_BYTES = 256
+#: Size of a GPU-plane session's control shm object: one page, so that pinning it
+#: (cudaHostRegister) covers whole pages on both sides.
+CONTROL_SHM_BYTES = max(mmap.PAGESIZE, CONTROL_BYTES)
 # Byte offsets of the control words, and their indices in a uint32 view of the block.
 DOORBELL = 0
 BATCH = 4
@@ -66,7 +71,7 @@ class Layout:
     max_batch: int
     vocab: int
     itemsize: int  # bytes per logit
-    control: int
+    control: Optional[int]  # None: the control block is in a region of its own
     logits: int
     params: int
     token_ids: int
@@ -75,11 +80,16 @@ class Layout:
     total: int
 
     @classmethod
-    def of(cls, max_batch: int, vocab: int, itemsize: int, logprobs: bool) -> "Layout":
+    def of(cls, max_batch: int, vocab: int, itemsize: int, logprobs: bool,
+           control: bool = True) -> "Layout":
+        """The layout of one allocation; ``control=False`` leaves the control block out (the
+        GPU plane's data allocation)."""
         if max_batch < 1 or vocab < 1:
             raise ValueError(f"expected max_batch >= 1 and vocab >= 1, got {max_batch}, {vocab}")
         at = 0
-        control, at = at, _up(at + CONTROL_BYTES)
+        control_at = None
+        if control:
+            control_at, at = at, _up(at + CONTROL_BYTES)
         logits, at = at, _up(at + max_batch * vocab * itemsize)
         params, at = at, _up(at + params_bytes(max_batch))
         token_ids, at = at, _up(at + 4 * max_batch)
@@ -87,15 +97,23 @@ class Layout:
         sampled = None
         if logprobs:
             sampled, at = at, _up(at + 4 * max_batch)
-        return cls(max_batch, vocab, itemsize, control, logits, params, token_ids, row_status,
+        return cls(max_batch, vocab, itemsize, control_at, logits, params, token_ids, row_status,
                    sampled, at)
 
-    def slices(self, pb, region: str):
-        """DeviceSessionOpen's RegionSlice fields (a dict) for a region holding this layout."""
+    def without_control(self) -> "Layout":
+        """The same buffers in an allocation without the control block."""
+        return Layout.of(self.max_batch, self.vocab, self.itemsize,
+                         self.sampled_logprobs is not None, control=False)
+
+    def slices(self, pb, region: str, control_region: Optional[str] = None):
+        """DeviceSessionOpen's RegionSlice fields (a dict) for a region holding this layout;
+        a layout without the control block takes it at offset 0 of ``control_region``."""
+        if (self.control is None) == (control_region is None):
+            raise ValueError("expected a control region exactly when the layout has no control "
+                             f"block, got control {self.control}, region {control_region!r}")
         out = {
             name: pb.RegionSlice(region=region, offset=offset)
             for name, offset in (
-                ("control", self.control),
                 ("logits", self.logits),
                 ("params", self.params),
                 ("token_ids", self.token_ids),
@@ -104,4 +122,6 @@ class Layout:
             )
             if offset is not None
         }
+        out["control"] = pb.RegionSlice(region=control_region or region,
+                                        offset=self.control or 0)
         return out

@@ -2,8 +2,9 @@
 
 A device-session step on the engine's stream is a few 32-bit writes and one wait on a flag
 (proto/samplerd/v1/device_session.h): cuStreamWriteValue32 / cuStreamWaitValue32, which PyTorch
-does not expose. They take device addresses: GPU memory's own, or for pinned host memory the
-address from cuMemHostGetDevicePointer. Both capture into a CUDA graph. Loaded lazily, once per
+does not expose. The flags are in the session's control block, which is host shm in both
+planes, pinned (cudaHostRegister) and addressed through cuMemHostGetDevicePointer. Both
+capture into a CUDA graph. Loaded lazily, once per
 process; nothing here imports torch.
 """
 
@@ -42,12 +43,6 @@ class StreamOps:
                                     "cuMemHostGetDevicePointer")
         self._host_ptr.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
         self._host_ptr.restype = ctypes.c_int
-        self._ctx_get = lib.cuCtxGetCurrent
-        self._ctx_get.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self._ctx_get.restype = ctypes.c_int
-        self._ctx_set = lib.cuCtxSetCurrent
-        self._ctx_set.argtypes = [ctypes.c_void_p]
-        self._ctx_set.restype = ctypes.c_int
 
     @staticmethod
     def _pick(lib: ctypes.CDLL, *names: str):
@@ -71,20 +66,11 @@ class StreamOps:
         self._check("cuStreamWaitValue32", self._wait(stream, address, value, WAIT_EQ))
 
     def host_device_pointer(self, host_pointer: int) -> int:
-        """The device address of registered (pinned, mapped) host memory."""
+        """The device address of registered (pinned, mapped) host memory, in the calling
+        thread's current context."""
         out = ctypes.c_uint64(0)
         self._check("cuMemHostGetDevicePointer", self._host_ptr(ctypes.byref(out), host_pointer, 0))
         return int(out.value)
-
-    def current_context(self) -> int:
-        """The calling thread's current CUcontext (0 when none)."""
-        ctx = ctypes.c_void_p()
-        self._check("cuCtxGetCurrent", self._ctx_get(ctypes.byref(ctx)))
-        return int(ctx.value or 0)
-
-    def set_context(self, context: int) -> None:
-        """Makes ``context`` current on the calling thread."""
-        self._check("cuCtxSetCurrent", self._ctx_set(context))
 
 
 def stream_ops() -> StreamOps:

@@ -19,9 +19,12 @@
 //
 // GPU plane (a GPU server; pays two GPU context switches per step without CUDA MPS, see
 // docs/DEVICE_SESSIONS.md): the client cannot allocate device memory (it links no GPU
-// runtime), so the engine allocates the buffers and passes their device pointers and IPC
-// handles in DeviceSessionOptions::gpu; ComputeDeviceSessionLayout() gives one allocation's
-// offsets. Every pointer the session hands out is then a device pointer.
+// runtime), so the engine allocates the data buffers (logits, params, token_ids, row_status,
+// sampled_logprobs) and passes their device pointers and IPC handles in
+// DeviceSessionOptions::gpu; ComputeDeviceSessionLayout() gives one allocation's offsets.
+// Those pointers are device pointers. The control block is host shm in both planes: the
+// session allocates it (a one-page shm object, its own region) and pins it at the first
+// EnqueueStep, so the server polls the doorbell on the host and never parks a GPU wait.
 //
 // Errors follow samplerd/client.h: grpc::Status values, messages "expected X, got Y".
 #ifndef SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_DEVICE_SESSION_H_
@@ -60,11 +63,11 @@ struct GpuBuffer {
   uint64_t offset = 0;
 };
 
-// GPU-plane buffers (sizes and alignment: ComputeDeviceSessionLayout). Buffers with the same
-// ipc_handle are registered as one region.
+// GPU-plane data buffers (sizes and alignment: ComputeDeviceSessionLayout). Buffers with the
+// same ipc_handle are registered as one region. No control block: the session makes it.
 struct GpuBuffers {
   std::string device;  // the GPU's PCI bus id or UUID, as GetServerInfo lists it
-  GpuBuffer control, logits, params, token_ids, row_status;
+  GpuBuffer logits, params, token_ids, row_status;
   GpuBuffer sampled_logprobs;  // only with DeviceSessionOptions::logprobs
 };
 
@@ -78,26 +81,29 @@ struct DeviceSessionOptions {
   // Also write each row's sampled-token logprob (float32) to sampled_logprobs().
   bool logprobs = false;
   v1::LogprobSource logprob_source = v1::LOGPROB_SOURCE_RAW;
-  // Host plane: the POSIX shm key of the session's buffers (one object). Empty:
-  // "/samplerd-ds-<pid>-<n>". Must start with the server's --shm_prefix.
+  // The POSIX shm key of the session's shm object: every buffer (host plane) or the control
+  // block alone (GPU plane). Empty: "/samplerd-ds-<pid>-<n>". Must start with the server's
+  // --shm_prefix.
   std::string shm_key;
-  // GPU plane: the engine's buffers.
+  // GPU plane: the engine's data buffers.
   GpuBuffers gpu;
   GpuRuntime gpu_runtime = GpuRuntime::kAuto;
   // How long Open waits for the server's answer.
   std::chrono::milliseconds open_timeout{10000};
 };
 
-// Byte offsets of the six buffers in one allocation (each aligned to 256 bytes) and its size.
+// Byte offsets of the buffers in one allocation (each aligned to 256 bytes) and its size.
 struct DeviceSessionLayout {
-  uint64_t control = 0, logits = 0, params = 0, token_ids = 0, row_status = 0;
+  uint64_t control = 0;  // host plane only: the GPU plane's allocation has no control block
+  uint64_t logits = 0, params = 0, token_ids = 0, row_status = 0;
   uint64_t sampled_logprobs = 0;  // meaningful only with logprobs
   uint64_t total_bytes = 0;
 };
 
-// The layout of one allocation holding every buffer of a session with `options` (max_batch,
-// vocab, row_stride, dtype, logprobs). The host plane uses it for its shm object; a GPU engine
-// may allocate total_bytes once and pass base + offset for each buffer.
+// The layout of one allocation holding the buffers of a session with `options` (plane,
+// max_batch, vocab, row_stride, dtype, logprobs): every buffer for the host plane (its shm
+// object), the data buffers for the GPU plane (a GPU engine may allocate total_bytes once and
+// pass base + offset for each buffer).
 DeviceSessionLayout ComputeDeviceSessionLayout(const DeviceSessionOptions& options);
 
 // Pointers to the per-row parameter arrays (device_session.h, "params"); rows [0, max_batch).
@@ -113,14 +119,16 @@ struct DeviceSessionParams {
 
 // One open device session. A thread of the session holds the gRPC stream; when the stream ends
 // without Close (the server died, drained or closed it), that thread writes step_status
-// ABORTED and done into the control block, so that no pending wait (StepOnHost's, or an
-// engine stream's after EnqueueStep) hangs. Not thread-safe: one step at a time.
+// ABORTED and done into the control block (plain stores: it is host memory in both planes), so
+// that no pending wait (StepOnHost's, or an engine stream's after EnqueueStep) hangs. Not
+// thread-safe: one step at a time.
 class DeviceSession {
  public:
   // Opens a session through `client` (which must outlive Open only; the session keeps the
   // channel). Host plane: creates and registers the shm object, fills every row's parameters
   // with defaults (greedy off: temperature 1, no filters, seed 0, position 0). GPU plane:
-  // registers options.gpu's buffers (the engine initialises them). Returns OK and stores the
+  // registers options.gpu's buffers (the engine initialises them) and creates and registers
+  // the control block's shm object. Returns OK and stores the
   // session in *session, or the server's code for the open (e.g. FAILED_PRECONDITION for a
   // plane it cannot serve), DEADLINE_EXCEEDED after options.open_timeout, or INVALID_ARGUMENT
   // for options the client can check itself.
@@ -134,6 +142,7 @@ class DeviceSession {
 
   // The buffers, rows [0, max_batch): host pointers (host plane) or the engine's device
   // pointers (GPU plane). logits() holds max_batch rows of row_stride elements of dtype.
+  // control() is a host pointer in both planes.
   void* logits() const { return logits_; }
   DeviceSessionParams params() const { return params_; }
   int32_t* token_ids() const { return token_ids_; }
@@ -152,21 +161,23 @@ class DeviceSession {
   grpc::Status StepOnHost(int batch);
 
   // Enqueues one step on `stream` (a cudaStream_t / hipStream_t, or null for the default
-  // stream): write batch, ring, wait for done, reset done; every value fixed, so the sequence
-  // can be captured in a CUDA graph and replayed (for the same batch). The engine enqueues its
-  // logits and params writes before it and reads the outputs after it. The first call on the
-  // host plane page-locks the shm object for the GPU (cudaHostRegister semantics) on the
-  // calling thread's current device. Returns an error when the GPU runtime cannot be used or
-  // the session has ended. Check step_status() (or ok rows) after the stream passes the step.
+  // stream): write batch, ring, wait for done, reset done, all on the control block's host
+  // memory; every value fixed, so the sequence can be captured in a CUDA graph and replayed
+  // (for the same batch). The engine enqueues its logits and params writes before it and reads
+  // the outputs after it. The first call page-locks the session's shm object (host plane:
+  // every buffer; GPU plane: the control block) for the GPU (cudaHostRegister, portable and
+  // mapped) on the calling thread's current device. Returns an error when the GPU runtime
+  // cannot be used or the session has ended. Check step_status() after the stream passes the
+  // step.
   grpc::Status EnqueueStep(void* stream, int batch);
 
-  // The control block's step_status of the last step (SAMPLERD_STEP_*), host plane only (on the
-  // GPU plane the engine reads control()->step_status from device memory itself).
+  // The control block's step_status of the last step (SAMPLERD_STEP_*), either plane.
   uint32_t step_status() const;
 
   // Sends close, waits for the server to end the call, unregisters the regions. Returns the
   // call's final status (OK for a clean close). Idempotent. Do not close while an enqueued step
-  // is pending on a stream: the server completes it with ABORTED.
+  // is pending on a stream: the server completes it with ABORTED. Synchronize the engine's
+  // stream before destroying the session, whose destructor unpins and frees the control block.
   grpc::Status Close();
 
   // Whether the stream is still open (not closed, not ended by the server).
@@ -177,6 +188,10 @@ class DeviceSession {
   grpc::Status Start(Client* client, const DeviceSessionOptions& options);
   grpc::Status AllocateHostBuffers(Client* client);
   grpc::Status UseGpuBuffers(Client* client);
+  // Creates and registers the shm object (`bytes`, zeroed) as region `name`; control_ at
+  // `control_offset` in it.
+  grpc::Status AllocateShm(Client* client, const std::string& name, uint64_t bytes,
+                           uint64_t control_offset);
   grpc::Status OpenStream(const v1::DeviceSessionOpen& open);
   // The stream thread: reads `opened`, then waits for the end of the call.
   void Watch();
@@ -190,13 +205,17 @@ class DeviceSession {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::SamplerService::Stub> stub_;
   std::vector<std::string> regions_;  // registered by this session
+  std::string shm_region_;            // the shm object's region
   struct GpuRegion {
+    std::string name;
     std::string handle;  // the allocation's IPC handle
     uint64_t base = 0;   // the region's start from the allocation's base
   };
-  std::vector<GpuRegion> gpu_regions_;  // GPU plane: parallel to regions_
+  std::vector<GpuRegion> gpu_regions_;  // GPU plane
 
-  std::unique_ptr<HostShmBuffer> shm_;  // host plane
+  // Every buffer (host plane) or the control block alone (GPU plane).
+  std::unique_ptr<HostShmBuffer> shm_;
+  uint64_t control_offset_ = 0;  // of the control block in shm_
   samplerd_control* control_ = nullptr;
   void* logits_ = nullptr;
   DeviceSessionParams params_;
@@ -204,12 +223,10 @@ class DeviceSession {
   int32_t* row_status_ = nullptr;
   float* sampled_logprobs_ = nullptr;
 
-  // GPU side (EnqueueStep, GPU-plane aborts); resolved at first use.
+  // GPU side (EnqueueStep); resolved at first use.
   const void* gpu_ops_ = nullptr;  // internal::GpuStreamOps
   uint64_t control_device_address_ = 0;
-  bool host_pinned_ = false;
-  void* gpu_context_ = nullptr;  // internal::GpuContext, GPU plane only
-  int gpu_device_ = -1;
+  bool host_pinned_ = false;  // shm_ is registered with the GPU runtime
 
   // The stream, its thread and what it saw.
   grpc::ClientContext context_;
