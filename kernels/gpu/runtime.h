@@ -40,6 +40,15 @@ int DeviceMalloc(void** ptr, size_t bytes);
 int DeviceFree(void* ptr);
 int PinnedMalloc(void** ptr, size_t bytes);  // page-locked host memory
 int PinnedFree(void* ptr);
+// Page-locks `bytes` of existing host memory at `ptr` (e.g. a host shm mapping) for every
+// device (Portable) and maps it into the device address space (Mapped), so that kernels and
+// stream memory operations can address it through HostGetDevicePointer. The range must not
+// overlap another registration of this process (the runtime refuses); page-align it. Undo with
+// HostUnregister(ptr) once no pending work touches it.
+int HostRegister(void* ptr, size_t bytes);
+int HostUnregister(void* ptr);
+// The device address of registered (or PinnedMalloc'd) host memory `host` on the current device.
+int HostGetDevicePointer(void** device, void* host);
 int StreamCreate(Stream* stream);  // non-blocking stream
 int StreamDestroy(Stream stream);
 int StreamSynchronize(Stream stream);
@@ -83,7 +92,10 @@ bool IsNotReady(int code);
 // Caution: a stream blocked in StreamWaitValue32 blocks the hardware queue it is mapped to, and
 // with it every stream of this process sharing that queue (CUDA: CUDA_DEVICE_MAX_CONNECTIONS,
 // default 8; HIP: GPU_MAX_HW_QUEUES, default 4). Whatever must release the wait has to run on a
-// stream of another queue, or on another process.
+// stream of another queue, or on another process. It also holds up every device-wide
+// synchronisation of its process (DeviceFree, PinnedFree, IPC opens, DeviceSynchronize): the
+// samplerd server therefore only writes (device sessions' waits are the engine's, in its own
+// process; service/core/session/gpu_plane.cc polls the doorbell on the host).
 //
 // CUDA: the driver's cuStreamWaitValue32_v2 / cuStreamWriteValue32_v2, resolved at first use
 // with dlopen("libcuda.so.1") like MemoryRange (no libcuda link); their error codes are the

@@ -212,6 +212,31 @@ int PinnedMalloc(void** ptr, size_t bytes) {
 
 int PinnedFree(void* ptr) { return hipHostFree(ptr); }
 
+int HostRegister(void* ptr, size_t bytes) {
+#if defined(__HIPCC__)
+  return hipHostRegister(ptr, bytes, hipHostRegisterPortable | hipHostRegisterMapped);
+#else
+  return cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+#endif
+}
+
+int HostUnregister(void* ptr) {
+#if defined(__HIPCC__)
+  return hipHostUnregister(ptr);
+#else
+  return cudaHostUnregister(ptr);
+#endif
+}
+
+int HostGetDevicePointer(void** device, void* host) {
+  *device = nullptr;
+#if defined(__HIPCC__)
+  return hipHostGetDevicePointer(device, host, 0);
+#else
+  return cudaHostGetDevicePointer(device, host, 0);
+#endif
+}
+
 int StreamCreate(Stream* stream) {
   hipStream_t s = nullptr;
   const hipError_t status = hipStreamCreateWithFlags(&s, hipStreamNonBlocking);

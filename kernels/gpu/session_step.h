@@ -16,11 +16,14 @@
 
 namespace samplerd::kernels::gpu {
 
-// A session's buffers and shape; every pointer is device memory of the current device (the
-// engine's buffers are usually IPC mappings). Layouts: device_session.h.
+// A session's buffers and shape; every pointer is a device address on the current device (the
+// engine's buffers are IPC mappings, its control block registered host memory). Layouts:
+// device_session.h.
 struct SessionStepArgs {
-  uint8_t* control = nullptr;  // struct samplerd_control
-  uint32_t max_batch = 0;      // M: the session's largest batch, 1..65535
+  // struct samplerd_control: the device address of the server's registration of the control
+  // block's host shm pages (HostRegister + HostGetDevicePointer in runtime.h).
+  uint8_t* control = nullptr;
+  uint32_t max_batch = 0;  // M: the session's largest batch, 1..65535
   DType dtype = DType::kFp32;
   int64_t vocab = 0;
   int64_t row_stride = 0;             // elements, >= vocab

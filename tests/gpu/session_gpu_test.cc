@@ -1,12 +1,18 @@
 // The GPU plane of device sessions (service/core/session/gpu_plane.h) in one process: the test
 // plays the engine on its own stream with stream memory operations, exactly as
-// proto/samplerd/v1/device_session.h describes, against device buffers from DeviceMalloc.
+// proto/samplerd/v1/device_session.h describes, against a control block in host shm (mapped
+// twice: the engine's and the server's mapping) and device buffers from DeviceMalloc.
 // Tokens must equal kernels::gpu::Sample run directly on the same rows (and the CPU reference
 // for greedy rows); bad rows, bad batches and Stop() in every state must behave as the contract
-// says. Prints the median ring -> done latency as a diagnostic. Skips without a GPU.
+// says; an open idle session must not hold up the unary path's device work. Prints the median
+// ring -> done latency as a diagnostic, and a one-line PASS/FAIL summary at the end. Skips
+// without a GPU. Never hangs: engine waits are bounded by EngineSide's watchdog, and the whole
+// run by a process watchdog (kProcessLimit).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +41,7 @@ using kernels::RowParams;
 using kernels::TopPMode;
 using kernels::testing::Batch;
 using kernels::testing::Outputs;
+using session_testing::ControlShm;
 using session_testing::DirectSampler;
 using session_testing::EngineRow;
 using session_testing::EngineSide;
@@ -44,16 +51,58 @@ using session_testing::ToRowParams;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// A stream blocked in a stream wait blocks its hardware queue and every stream sharing it; this
-// process holds several blocked streams at once (sessions, engines), so it asks for the most
-// queues before the CUDA runtime starts (HIP: GPU_MAX_HW_QUEUES).
+// A stream blocked in a stream wait blocks its hardware queue and every stream sharing it; the
+// engines played here park their streams on done in this process while the session's stream
+// must run, so the test asks for more queues than it has streams before the runtime starts
+// (HIP: GPU_MAX_HW_QUEUES). The server itself never parks a stream. CUDA's lazy module loading
+// (the default since CUDA 12.2) loads a kernel at its first launch and waits for the context to
+// go idle to do it, which a parked engine wait in this process prevents: the first H200 run of
+// this test deadlocked on it at each dtype's first step. Kernels are loaded eagerly instead.
+// (The server has no such wait: its engines are other processes.)
 const bool kQueuesSet = [] {
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
   setenv("GPU_MAX_HW_QUEUES", "16", /*overwrite=*/0);
   return true;
 }();
 
 constexpr auto kStepLimit = std::chrono::milliseconds(5000);
+
+// The whole run must end well within 2 minutes (it takes well under one on an H200); past this
+// the process watchdog prints a FAIL line and exits, whatever hangs.
+constexpr auto kProcessLimit = std::chrono::seconds(110);
+
+const bool kProcessWatchdog = [] {
+  std::thread([] {
+    std::this_thread::sleep_for(kProcessLimit);
+    std::fprintf(stderr,
+                 "\n[ SUMMARY ] samplerd_session_gpu_test: FAIL (process watchdog: still running "
+                 "after %lld s; a wait hung)\n",
+                 static_cast<long long>(kProcessLimit.count()));
+    std::fflush(stderr);
+    _exit(3);
+  }).detach();
+  return true;
+}();
+
+// Prints one line after the last test: PASS or FAIL, the counts and the time taken.
+class SummaryPrinter : public ::testing::EmptyTestEventListener {
+  void OnTestProgramEnd(const ::testing::UnitTest& unit) override {
+    const bool pass = unit.Passed();
+    std::printf(
+        "\n[ SUMMARY ] samplerd_session_gpu_test: %s (%d tests run, %d passed, %d failed, %d "
+        "skipped, %.1f s)\n",
+        pass ? "PASS" : "FAIL", unit.test_to_run_count(), unit.successful_test_count(),
+        unit.failed_test_count(), unit.skipped_test_count(),
+        static_cast<double>(unit.elapsed_time()) / 1000.0);
+    std::fflush(stdout);
+  }
+};
+
+const bool kSummaryAdded = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new SummaryPrinter());
+  return true;
+}();
 
 // A random row: mostly valid settings from the GPU sampler tests, sometimes an invalid value.
 EngineRow RandomRow(std::mt19937_64& rng, bool allow_invalid) {
@@ -185,7 +234,7 @@ int CheckStep(DirectSampler& direct, const EngineSide& engine, const Batch& ref_
 class GpuPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(kQueuesSet);
+    ASSERT_TRUE(kQueuesSet && kProcessWatchdog && kSummaryAdded);
     std::string why;
     if (!kernels::testing::HaveGpu(&why)) GTEST_SKIP() << "no GPU: " << why;
     bool yes = false;
@@ -194,10 +243,8 @@ class GpuPlaneTest : public ::testing::Test {
     ASSERT_EQ(gpu::SetDevice(0), 0);
   }
 
-  std::unique_ptr<PlaneRunner> Start(const EngineSide& engine, const std::string& id,
-                                     int steps_ahead = 2) {
+  std::unique_ptr<PlaneRunner> Start(const EngineSide& engine, const std::string& id) {
     GpuPlaneOptions options;
-    options.steps_ahead = steps_ahead;
     auto runner = StartGpuPlane(engine.Spec(id), options, [this](const absl::Status& s) {
       std::lock_guard<std::mutex> lock(fault_mu_);
       fault_ = s.ToString();
@@ -265,7 +312,7 @@ TEST_F(GpuPlaneTest, HalfPrecisionSessionsWithAStrideMatchTheKernels) {
   for (DType dtype : {DType::kBf16, DType::kFp16}) {
     EngineSide engine(5, 8193, 8200, dtype, /*logprobs=*/false);
     DirectSampler direct(5, 8193, 8200, dtype);
-    auto runner = Start(engine, "half", /*steps_ahead=*/3);
+    auto runner = Start(engine, "half");
     ASSERT_NE(runner, nullptr);
     RunSteps(direct, engine, dtype, 5, 8193, 8200, false, 100, 99 + static_cast<int>(dtype));
   }
@@ -345,15 +392,15 @@ TEST_F(GpuPlaneTest, StopReleasesAnEngineWaitingOnDoneWithinOneSecond) {
   runner->Stop();                    // idempotent
 }
 
-TEST_F(GpuPlaneTest, StopWithOnlyServerWaitsPendingReturnsWithinOneSecond) {
-  for (int steps_ahead : {1, 2, 4}) {
+TEST_F(GpuPlaneTest, StopOfAnIdleSessionReturnsWithinOneSecondAndAbortsLaterWaits) {
+  for (int round = 0; round < 3; ++round) {
     EngineSide engine(4, 1000, 1000, DType::kFp32, false);
-    auto runner = Start(engine, "stop_idle", steps_ahead);
+    auto runner = Start(engine, "stop_idle");
     ASSERT_NE(runner, nullptr);
     const auto start = std::chrono::steady_clock::now();
     runner->Stop();
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1))
-        << "steps_ahead " << steps_ahead;
+        << "round " << round;
     // A later engine wait completes at once, aborted.
     engine.WaitDone();
     ASSERT_TRUE(engine.Finish(std::chrono::milliseconds(1000)));
@@ -362,15 +409,18 @@ TEST_F(GpuPlaneTest, StopWithOnlyServerWaitsPendingReturnsWithinOneSecond) {
   }
 }
 
-TEST_F(GpuPlaneTest, TwoSessionsAtOnceEachGetTheirOwnTokens) {
+// The two control blocks share one page of one shm object (offsets 0 and 256), so the runners
+// share its registration: stopping one must leave the other working.
+TEST_F(GpuPlaneTest, TwoSessionsOnOneControlPageEachGetTheirOwnTokens) {
   constexpr uint32_t kMaxBatch = 6;
   constexpr int64_t kVocab = 20000;
-  EngineSide a(kMaxBatch, kVocab, kVocab, DType::kFp32, true);
-  EngineSide b(kMaxBatch, kVocab, kVocab, DType::kBf16, false);
+  ControlShm shm;
+  EngineSide a(kMaxBatch, kVocab, kVocab, DType::kFp32, true, &shm, 0);
+  EngineSide b(kMaxBatch, kVocab, kVocab, DType::kBf16, false, &shm, SAMPLERD_CONTROL_BYTES);
   DirectSampler direct_a(kMaxBatch, kVocab, kVocab, DType::kFp32);
   DirectSampler direct_b(kMaxBatch, kVocab, kVocab, DType::kBf16);
   auto runner_a = Start(a, "a");
-  auto runner_b = Start(b, "b", 3);
+  auto runner_b = Start(b, "b");
   ASSERT_NE(runner_a, nullptr);
   ASSERT_NE(runner_b, nullptr);
   std::mt19937_64 rng(21);
@@ -399,9 +449,25 @@ TEST_F(GpuPlaneTest, TwoSessionsAtOnceEachGetTheirOwnTokens) {
   }
   EXPECT_EQ(bad, 0);
   runner_a->Stop();
-  runner_b->Stop();
   EXPECT_EQ(runner_a->steps(), 60u);
-  EXPECT_EQ(runner_b->steps(), 60u);
+  // b goes on alone on the shared page.
+  for (int step = 60; step < 70 && bad == 0; ++step) {
+    const uint32_t bb = 1 + rng() % kMaxBatch;
+    const auto bytes_b = RandomLogits(DType::kBf16, bb, kVocab, kVocab, rng);
+    std::vector<EngineRow> rows_b;
+    for (uint32_t i = 0; i < bb; ++i) rows_b.push_back(RandomRow(rng, true));
+    b.WriteInputs(bytes_b, rows_b);
+    b.Ring(bb);
+    b.WaitDone();
+    ASSERT_TRUE(b.Finish(kStepLimit)) << "step " << step << " after a's stop";
+    EXPECT_EQ(b.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
+    bad +=
+        CheckStep(direct_b, b, ReferenceBatch(DType::kBf16, kVocab, kVocab, bytes_b, rows_b, false),
+                  rows_b, false, step);
+  }
+  EXPECT_EQ(bad, 0);
+  runner_b->Stop();
+  EXPECT_EQ(runner_b->steps(), 70u);
 }
 
 // Diagnostic: the median ring -> done time on the engine's stream (GPU events), bf16,
@@ -410,7 +476,7 @@ TEST_F(GpuPlaneTest, PrintsTheMedianStepLatency) {
   constexpr uint32_t kMaxBatch = 128;
   constexpr int64_t kVocab = 151936;
   EngineSide engine(kMaxBatch, kVocab, kVocab, DType::kBf16, false);
-  auto runner = Start(engine, "timing", 4);
+  auto runner = Start(engine, "timing");
   ASSERT_NE(runner, nullptr);
   std::mt19937_64 rng(5);
   std::vector<EngineRow> rows;
@@ -440,6 +506,144 @@ TEST_F(GpuPlaneTest, PrintsTheMedianStepLatency) {
         ms[ms.size() * 9 / 10] * 1000.0f);
     EXPECT_GT(ms[ms.size() / 2], 0.0f);
   }
+}
+
+// What the unary path does on the device for each request (SamplerCore): allocate, copy in,
+// sample on its own stream, copy out, synchronize, free. Run on its own thread by the test
+// below, which must not wait for it forever.
+struct UnaryProbe {
+  std::atomic<bool> finished{false};
+  std::string error;  // empty: every call succeeded
+  std::vector<int32_t> tokens;
+};
+
+void RunUnaryWork(UnaryProbe* probe, const Batch& b) {
+  auto fail = [probe](const char* what, int code) {
+    probe->error = std::string(what) + ": " + gpu::ErrorString(code);
+    probe->finished.store(true, std::memory_order_release);
+  };
+  int code = gpu::SetDevice(0);
+  if (code != 0) return fail("SetDevice", code);
+  gpu::Stream stream = nullptr;
+  if ((code = gpu::StreamCreate(&stream)) != 0) return fail("StreamCreate", code);
+  const size_t n = static_cast<size_t>(b.batch);
+  const size_t workspace_bytes = gpu::SampleWorkspaceBytes(b.batch, b.vocab, -1);
+  void *logits = nullptr, *params = nullptr, *tokens = nullptr, *status = nullptr,
+       *workspace = nullptr, *pinned = nullptr;
+  const std::pair<void**, size_t> buffers[] = {{&logits, b.bytes.size()},
+                                               {&params, n * sizeof(RowParams)},
+                                               {&tokens, n * 4},
+                                               {&status, n},
+                                               {&workspace, workspace_bytes}};
+  for (const auto& [ptr, bytes] : buffers) {
+    if ((code = gpu::DeviceMalloc(ptr, bytes)) != 0) return fail("DeviceMalloc", code);
+  }
+  if ((code = gpu::PinnedMalloc(&pinned, n * 4)) != 0) return fail("PinnedMalloc", code);
+  if ((code = gpu::CopyToDevice(logits, b.bytes.data(), b.bytes.size(), stream)) != 0 ||
+      (code = gpu::CopyToDevice(params, b.params.data(), n * sizeof(RowParams), stream)) != 0) {
+    return fail("CopyToDevice", code);
+  }
+  kernels::SampleArgs a;
+  a.logits = logits;
+  a.dtype = b.dtype;
+  a.batch = b.batch;
+  a.vocab = b.vocab;
+  a.row_stride = b.vocab;
+  a.params = static_cast<const RowParams*>(params);
+  a.params_count = b.batch;
+  a.token_ids = static_cast<int32_t*>(tokens);
+  a.status = static_cast<kernels::RowStatus*>(status);
+  if ((code = gpu::Sample(a, workspace, workspace_bytes, stream)) != 0) return fail("Sample", code);
+  if ((code = gpu::CopyToHost(pinned, tokens, n * 4, stream)) != 0) return fail("CopyToHost", code);
+  if ((code = gpu::StreamSynchronize(stream)) != 0) return fail("StreamSynchronize", code);
+  probe->tokens.assign(static_cast<int32_t*>(pinned), static_cast<int32_t*>(pinned) + n);
+  for (const auto& [ptr, bytes] : buffers) {
+    if ((code = gpu::DeviceFree(*ptr)) != 0) return fail("DeviceFree", code);
+  }
+  if ((code = gpu::PinnedFree(pinned)) != 0) return fail("PinnedFree", code);
+  if ((code = gpu::StreamDestroy(stream)) != 0) return fail("StreamDestroy", code);
+  if ((code = gpu::DeviceSynchronize()) != 0) return fail("DeviceSynchronize", code);
+  probe->finished.store(true, std::memory_order_release);
+}
+
+// The first H200 run's failure: a session's runner parked its stream on the doorbell, and every
+// device-wide synchronisation of the server (cudaFree, cudaFreeHost, DeviceSynchronize) waited
+// for an engine that never rang. With two sessions open and idle (one after a few steps, one
+// never rung), the unary path's device work must finish within 1 s, three times over.
+TEST_F(GpuPlaneTest, AnOpenIdleSessionDoesNotBlockTheUnaryPath) {
+  constexpr uint32_t kMaxBatch = 4;
+  constexpr int64_t kVocab = 32000;
+  EngineSide stepped(kMaxBatch, kVocab, kVocab, DType::kFp32, false);
+  EngineSide never_rung(kMaxBatch, kVocab, kVocab, DType::kFp32, false);
+  auto runner = Start(stepped, "idle_after_steps");
+  auto idle = Start(never_rung, "idle");
+  ASSERT_NE(runner, nullptr);
+  ASSERT_NE(idle, nullptr);
+  std::mt19937_64 rng(31);
+  std::vector<EngineRow> rows(kMaxBatch);
+  stepped.WriteInputs(RandomLogits(DType::kFp32, kMaxBatch, kVocab, kVocab, rng), rows);
+  for (int step = 0; step < 3; ++step) {
+    stepped.Ring(kMaxBatch);
+    stepped.WaitDone();
+    ASSERT_TRUE(stepped.Finish(kStepLimit));
+  }
+  ASSERT_EQ(runner->steps(), 3u);
+
+  Batch b;
+  b.dtype = DType::kFp32;
+  b.batch = 4;
+  b.vocab = kVocab;
+  b.row_stride = kVocab;
+  kernels::testing::FillLogits(b, "peaked", rng);
+  b.params.assign(4, RowParams{});
+  for (RowParams& p : b.params) p.temperature = 0.0f;  // greedy: checkable on the CPU
+  const Outputs cpu = kernels::testing::RunCpu(b);
+  for (int round = 0; round < 3; ++round) {
+    auto probe = std::make_shared<UnaryProbe>();
+    const auto start = std::chrono::steady_clock::now();
+    std::thread worker([probe, b] { RunUnaryWork(probe.get(), b); });
+    bool finished = false;
+    while (std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+      if ((finished = probe->finished.load(std::memory_order_acquire))) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (!finished) {
+      ADD_FAILURE() << "round " << round
+                    << ": the unary path's device work did not finish within 5 s while a "
+                       "session was open and idle; stopping the sessions to release it";
+      runner->Stop();
+      idle->Stop();
+      for (int i = 0; i < 5000 && !probe->finished.load(std::memory_order_acquire); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (!probe->finished.load(std::memory_order_acquire)) {
+        worker.detach();  // it owns what it touches (probe, b); the process watchdog ends it
+        return;
+      }
+      worker.join();
+      return;
+    }
+    worker.join();
+    EXPECT_LT(ms, 1000.0) << "round " << round << ": the unary path's device work took " << ms
+                          << " ms with a session open and idle";
+    ASSERT_EQ(probe->error, "") << "round " << round;
+    ASSERT_EQ(probe->tokens.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(probe->tokens[i], cpu.tokens[i]) << "round " << round << " row " << i;
+    }
+    std::printf(
+        "[ unary  ] round %d: DeviceMalloc..Sample..DeviceFree with 2 idle sessions open: "
+        "%.1f ms\n",
+        round, ms);
+  }
+  // The sessions still serve after the unary work.
+  stepped.Ring(kMaxBatch);
+  stepped.WaitDone();
+  ASSERT_TRUE(stepped.Finish(kStepLimit));
+  EXPECT_EQ(stepped.ControlWord(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
+  EXPECT_EQ(runner->steps(), 4u);
 }
 
 }  // namespace

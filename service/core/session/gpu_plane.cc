@@ -1,38 +1,45 @@
-// The GPU plane (gpu_plane.h): a feeder thread keeps `steps_ahead` device-session steps
-// enqueued on the session's own stream, each gated by a stream wait on the engine's doorbell,
-// so that a step costs the server no host work; the thread only notices completed steps and
-// tops the queue up.
+// The GPU plane (gpu_plane.h): a feeder thread polls the host-shm doorbell and, for each ring,
+// enqueues one step on the session's stream (SessionStep, then a fenced stream write of done),
+// one step in flight at a time. Nothing the server enqueues ever waits on the engine, so
+// device-wide synchronisations elsewhere in the server are never held up by an idle session.
 #include "service/core/session/gpu_plane.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <deque>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 #include <utility>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/runtime.h"
 #include "kernels/gpu/session_step.h"
 #include "proto/samplerd/v1/device_session.h"
+#include "service/core/guarded_copy.h"
 
 namespace samplerd::core {
 namespace {
 
 namespace gpu = kernels::gpu;
 
-// After a step completes the feeder polls without sleeping for this long (the engine is
-// decoding and the next steps must be enqueued in time), then falls back to sleeping polls.
-constexpr auto kSpin = std::chrono::milliseconds(2);
-constexpr auto kSleep = std::chrono::microseconds(30);
-// How long Stop() waits for the released steps before it gives up on the device (and leaks
-// the session's device memory rather than free memory that may still be in use).
+// How long Stop() waits for the step in flight before it gives up on the device (and leaks
+// the session's device memory and page registrations rather than free what a stuck kernel may
+// still touch).
 constexpr auto kStopDeadline = std::chrono::seconds(1);
+// After Stop() has written done = DONE it keeps re-writing it for this long after the last
+// completed step whenever it reads 0: the engine resets done right after it saw the last
+// step's DONE, and that reset may land after Stop()'s write, which would leave a later engine
+// wait hanging.
+constexpr auto kDoneGrace = std::chrono::milliseconds(20);
+constexpr auto kGracePoll = std::chrono::microseconds(100);
 
 std::string RuntimeText(int code) {
   return absl::StrCat(gpu::ErrorString(code), " (code ", code, ")");
@@ -48,82 +55,70 @@ std::string RuntimeText(int code) {
     }                                                                                          \
   } while (false)
 
-// Device allocations and streams of ended sessions, kept for later sessions instead of freed.
-// DeviceFree may synchronize the whole device, and so wait behind another session's parked
-// doorbell wait until that engine rings (which an idle engine never does). Streams are mapped
-// onto the device's hardware queues round robin in creation order (CUDA_DEVICE_MAX_CONNECTIONS),
-// and a parked wait blocks its whole queue: reusing streams keeps the number ever created at
-// the peak of open sessions, so that sessions never share a queue while that peak stays below
-// the queue count. Holds at most that peak per device. Thread-safe.
-class AllocationCache {
+size_t PageSize() {
+  static const size_t page = [] {
+    const long n = sysconf(_SC_PAGESIZE);
+    return n > 0 ? static_cast<size_t>(n) : size_t{4096};
+  }();
+  return page;
+}
+
+// Registrations of host pages with the GPU runtime (Portable | Mapped), shared by the sessions
+// whose control blocks lie on them: two control blocks may share a page, and the runtime
+// refuses to register a page twice. A page is registered by its first user and unregistered
+// by its last. Thread-safe.
+class HostPageTable {
  public:
-  static AllocationCache& Get() {
-    static AllocationCache* cache = new AllocationCache();  // never destroyed
-    return *cache;
+  static HostPageTable& Get() {
+    static HostPageTable* table = new HostPageTable();  // never destroyed
+    return *table;
   }
 
-  // The smallest cached allocation of at least `bytes` on `ordinal`, else a new one (the
-  // current device must be `ordinal`). Returns the runtime's code; *got is the real size.
-  int Take(int ordinal, size_t bytes, void** ptr, size_t* got) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto best = free_.end();
-      for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->ordinal == ordinal && it->bytes >= bytes &&
-            (best == free_.end() || it->bytes < best->bytes)) {
-          best = it;
+  // Takes a reference on each of the `count` pages from `first` (page-aligned), registering
+  // the ones not yet registered. On failure holds no reference and returns the runtime's code.
+  int Acquire(uint8_t* first, size_t count) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < count; ++i) {
+      uint8_t* page = first + i * PageSize();
+      int& refs = refs_[reinterpret_cast<uintptr_t>(page)];
+      if (refs == 0) {
+        const int code = gpu::HostRegister(page, PageSize());
+        if (code != 0) {
+          (void)gpu::LastError();
+          refs_.erase(reinterpret_cast<uintptr_t>(page));
+          ReleaseLocked(first, i);
+          return code;
         }
       }
-      if (best != free_.end()) {
-        *ptr = best->ptr;
-        *got = best->bytes;
-        free_.erase(best);
-        return 0;
-      }
+      ++refs;
     }
-    *got = bytes;
-    return gpu::DeviceMalloc(ptr, bytes);
+    return 0;
   }
 
-  // Returns an allocation that no pending work touches any more.
-  void Give(int ordinal, void* ptr, size_t bytes) {
+  // Drops the references Acquire took; unregisters pages that no session uses any more.
+  void Release(uint8_t* first, size_t count) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back({ordinal, ptr, bytes});
-  }
-
-  // A cached idle stream of `ordinal`, else a new non-blocking one (current device: `ordinal`).
-  int TakeStream(int ordinal, gpu::Stream* stream) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = streams_.begin(); it != streams_.end(); ++it) {
-        if (it->first == ordinal) {
-          *stream = it->second;
-          streams_.erase(it);
-          return 0;
-        }
-      }
-    }
-    return gpu::StreamCreate(stream);
-  }
-
-  // Returns a stream with no pending work.
-  void GiveStream(int ordinal, gpu::Stream stream) {
-    std::lock_guard<std::mutex> lock(mu_);
-    streams_.emplace_back(ordinal, stream);
+    ReleaseLocked(first, count);
   }
 
  private:
-  struct Entry {
-    int ordinal;
-    void* ptr;
-    size_t bytes;
-  };
+  void ReleaseLocked(uint8_t* first, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      uint8_t* page = first + i * PageSize();
+      auto it = refs_.find(reinterpret_cast<uintptr_t>(page));
+      if (it == refs_.end()) continue;
+      if (--it->second == 0) {
+        if (gpu::HostUnregister(page) != 0) (void)gpu::LastError();
+        refs_.erase(it);
+      }
+    }
+  }
+
   std::mutex mu_;
-  std::vector<Entry> free_;                           // guarded by mu_
-  std::vector<std::pair<int, gpu::Stream>> streams_;  // guarded by mu_
+  std::unordered_map<uintptr_t, int> refs_;  // page address -> sessions using it; guarded by mu_
 };
 
-absl::Status ValidateSpec(const SessionSpec& spec, const GpuPlaneOptions& options) {
+absl::Status ValidateSpec(const SessionSpec& spec) {
   if (spec.plane != SessionPlane::kGpu) {
     return absl::InvalidArgumentError("expected a GPU-plane session spec, got a host-plane one");
   }
@@ -136,6 +131,12 @@ absl::Status ValidateSpec(const SessionSpec& spec, const GpuPlaneOptions& option
     return absl::InvalidArgumentError(
         "expected control, logits, params, token_ids and row_status buffers, got a null one");
   }
+  if (reinterpret_cast<uintptr_t>(spec.control) % SAMPLERD_CONTROL_ALIGN != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected the control block aligned to ", SAMPLERD_CONTROL_ALIGN,
+                     " bytes, got address offset ",
+                     reinterpret_cast<uintptr_t>(spec.control) % SAMPLERD_CONTROL_ALIGN));
+  }
   if (spec.max_batch < 1 || spec.max_batch > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected max_batch in [1, 65535], got ", spec.max_batch));
@@ -144,10 +145,6 @@ absl::Status ValidateSpec(const SessionSpec& spec, const GpuPlaneOptions& option
     return absl::InvalidArgumentError(absl::StrCat(
         "expected vocab >= 1 and row_stride >= vocab, got ", spec.vocab, " and ", spec.row_stride));
   }
-  if (options.steps_ahead < 1 || options.steps_ahead > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected steps_ahead in [1, 64], got ", options.steps_ahead));
-  }
   return absl::OkStatus();
 }
 
@@ -155,30 +152,39 @@ class GpuPlaneRunner final : public PlaneRunner {
  public:
   GpuPlaneRunner(SessionSpec spec, const GpuPlaneOptions& options,
                  PlaneRunner::FaultCallback on_fault)
-      : spec_(std::move(spec)), options_(options), on_fault_(std::move(on_fault)) {}
+      : spec_(std::move(spec)),
+        spin_(std::chrono::microseconds(std::max(0, options.spin_us))),
+        sleep_(std::chrono::microseconds(std::max(1, options.sleep_us))),
+        on_fault_(std::move(on_fault)) {}
 
   ~GpuPlaneRunner() override {
     Stop();
-    if (!leaked_) FreeDeviceResources();
+    if (leaked_) {
+      // The device may still write the control block and read the buffers: keep the regions
+      // mapped and the pages registered for the life of the process.
+      auto* kept = new SessionSpec(std::move(spec_));
+      (void)kept;
+      return;
+    }
+    FreeResources();
   }
 
-  // Allocates the stream, workspace and events on the caller's thread (so that errors are
-  // returned), then starts the feeder.
+  // Registers the control block's pages and allocates the stream, workspace and event on the
+  // caller's thread (so that errors are returned), then starts the feeder.
   absl::Status Start() {
     RETURN_IF_RUNTIME(gpu::SetDevice(spec_.device_ordinal), "selecting the device");
     bool supported = false;
     RETURN_IF_RUNTIME(gpu::StreamMemOpsSupported(spec_.device_ordinal, &supported),
                       "querying stream memory operations");
     if (!supported) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "expected a device with stream memory operations (wait/write value), got device ",
-          spec_.device_ordinal, " without them"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("expected a device with stream memory operations (write value), got device ",
+                       spec_.device_ordinal, " without them"));
     }
-    RETURN_IF_RUNTIME(AllocationCache::Get().TakeStream(spec_.device_ordinal, &stream_),
-                      "creating the session stream");
-    RETURN_IF_RUNTIME(AllocationCache::Get().TakeStream(spec_.device_ordinal, &release_stream_),
-                      "creating the release stream");
-    args_.control = spec_.control;
+    if (absl::Status s = RegisterControl(); !s.ok()) return s;
+    RETURN_IF_RUNTIME(gpu::StreamCreate(&stream_), "creating the session stream");
+    RETURN_IF_RUNTIME(gpu::EventCreate(&event_, /*interprocess=*/false), "creating an event");
+    args_.control = device_control_;
     args_.max_batch = spec_.max_batch;
     args_.dtype = spec_.dtype;
     args_.vocab = spec_.vocab;
@@ -189,29 +195,17 @@ class GpuPlaneRunner final : public PlaneRunner {
     args_.row_status = spec_.row_status;
     args_.sampled_logprobs = spec_.sampled_logprobs;
     args_.logprob_source = spec_.logprob_source;
-    // The abort word sits in the workspace's first 256 bytes, before the step's own.
+    args_.abort = nullptr;  // Stop() never leaves steps enqueued
     workspace_bytes_ = gpu::SessionStepWorkspaceBytes(spec_.max_batch, spec_.vocab,
                                                       spec_.sampled_logprobs != nullptr);
-    const int code = AllocationCache::Get().Take(
-        spec_.device_ordinal, kAbortBytes + workspace_bytes_, &allocation_, &allocation_bytes_);
+    const int code = gpu::DeviceMalloc(&workspace_, workspace_bytes_);
     if (code != 0) {
-      allocation_ = nullptr;
+      workspace_ = nullptr;
       (void)gpu::LastError();
       return absl::ResourceExhaustedError(absl::StrCat(
-          "expected ", kAbortBytes + workspace_bytes_,
+          "expected ", workspace_bytes_,
           " bytes of device memory for the session's workspace, got ", RuntimeText(code)));
     }
-    abort_ = static_cast<uint32_t*>(allocation_);
-    workspace_ = static_cast<uint8_t*>(allocation_) + kAbortBytes;
-    args_.abort = abort_;
-    RETURN_IF_RUNTIME(gpu::StreamWriteValue32(stream_, abort_, 0), "clearing the abort word");
-    RETURN_IF_RUNTIME(gpu::StreamSynchronize(stream_), "clearing the abort word");
-    events_.assign(static_cast<size_t>(options_.steps_ahead), nullptr);
-    for (gpu::Event& event : events_) {
-      RETURN_IF_RUNTIME(gpu::EventCreate(&event, /*interprocess=*/false), "creating an event");
-    }
-    RETURN_IF_RUNTIME(gpu::EventCreate(&release_done_, /*interprocess=*/false),
-                      "creating an event");
     try {
       thread_ = std::thread([this] { Run(); });
       started_ = true;
@@ -226,156 +220,201 @@ class GpuPlaneRunner final : public PlaneRunner {
     std::lock_guard<std::mutex> lock(stop_mu_);
     if (stopped_) return;
     stopped_ = true;
-    stop_.store(true, std::memory_order_relaxed);
+    stop_.store(true, std::memory_order_release);
     if (thread_.joinable()) thread_.join();
-    if (started_) ReleaseWaits();
+    if (!started_) return;  // Start() failed: nothing was enqueued, no engine was told to ring
+    (void)gpu::SetDevice(spec_.device_ordinal);
+    if (in_flight_ && !WaitInFlight()) {
+      // The step does not finish: keep everything it may touch (see the destructor).
+      leaked_ = true;
+    }
+    // Completes a pending or future engine wait: step_status first, done after it.
+    if (!Store(SAMPLERD_CONTROL_STEP_STATUS, SAMPLERD_STEP_ABORTED) ||
+        !Store(SAMPLERD_CONTROL_DONE, SAMPLERD_DONE)) {
+      return;  // the control block's shm was truncated: no engine wait can be completed
+    }
+    const auto grace_end = last_completion_ + kDoneGrace;
+    while (std::chrono::steady_clock::now() < grace_end) {
+      uint32_t done = SAMPLERD_DONE;
+      if (!Load(SAMPLERD_CONTROL_DONE, &done)) return;
+      if (done != SAMPLERD_DONE && !Store(SAMPLERD_CONTROL_DONE, SAMPLERD_DONE)) return;
+      std::this_thread::sleep_for(kGracePoll);
+    }
   }
 
   uint64_t steps() const override { return steps_.load(std::memory_order_relaxed); }
 
  private:
-  static constexpr size_t kAbortBytes = 256;
+  // Page-locks the control block's pages and resolves its device address (device_control_).
+  absl::Status RegisterControl() {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(spec_.control);
+    const uintptr_t end = begin + SAMPLERD_CONTROL_BYTES;
+    const uintptr_t first = begin / PageSize() * PageSize();
+    const size_t count = (end - first + PageSize() - 1) / PageSize();
+    uint8_t* first_page = reinterpret_cast<uint8_t*>(first);
+    const int code = HostPageTable::Get().Acquire(first_page, count);
+    if (code != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expected to page-lock the control block's host shm pages for the device "
+                       "(cudaHostRegister/hipHostRegister, portable and mapped), got ",
+                       RuntimeText(code)));
+    }
+    pages_ = first_page;
+    page_count_ = count;
+    void* device_first = nullptr;
+    for (size_t i = 0; i < count; ++i) {
+      void* device_page = nullptr;
+      RETURN_IF_RUNTIME(gpu::HostGetDevicePointer(&device_page, first_page + i * PageSize()),
+                        "resolving the control block's device address");
+      if (i == 0) {
+        device_first = device_page;
+      } else if (device_page != static_cast<uint8_t*>(device_first) + i * PageSize()) {
+        // Separately registered pages need not be contiguous for the device.
+        return absl::FailedPreconditionError(
+            "expected the control block's pages contiguous in the device address space, got "
+            "a control block across a page boundary that the runtime maps apart; place it "
+            "within one page");
+      }
+    }
+    device_control_ = static_cast<uint8_t*>(device_first) + (begin - first);
+    return absl::OkStatus();
+  }
 
-  uint8_t* ControlWord(uint32_t offset) const { return spec_.control + offset; }
+  // Guarded accesses to the control block's host shm (a client may truncate it): false on a
+  // bus error. Each lambda captures two pointers, which std::function stores without a heap
+  // allocation.
+  bool Load(uint32_t offset, uint32_t* out) const {
+    const uint32_t* word = reinterpret_cast<const uint32_t*>(spec_.control + offset);
+    return GuardedRun([word, out] { *out = __atomic_load_n(word, __ATOMIC_ACQUIRE); });
+  }
+  bool Store(uint32_t offset, uint32_t value) const {
+    uint32_t* word = reinterpret_cast<uint32_t*>(spec_.control + offset);
+    return GuardedRun([word, value] { __atomic_store_n(word, value, __ATOMIC_SEQ_CST); });
+  }
 
-  // The feeder: keeps steps_ahead steps enqueued and notices completions.
+  // The feeder: polls the doorbell, enqueues a step per ring, notices its completion.
   void Run() {
     if (!Check(gpu::SetDevice(spec_.device_ordinal), "selecting the device")) return;
-    auto last_activity = std::chrono::steady_clock::now();
-    uint64_t enqueued = 0;
-    while (!stop_.load(std::memory_order_relaxed)) {
-      while (pending_.size() < events_.size()) {
-        if (!EnqueueStep(events_[enqueued % events_.size()])) return;
-        ++enqueued;
+    last_step_ = std::chrono::steady_clock::now();
+    int polls = 0;
+    while (!stop_.load(std::memory_order_acquire)) {
+      if (in_flight_) {
+        const int code = gpu::EventQuery(event_);
+        if (code == 0) {
+          in_flight_ = false;
+          steps_.fetch_add(1, std::memory_order_relaxed);
+          last_step_ = last_completion_ = std::chrono::steady_clock::now();
+        } else if (!gpu::IsNotReady(code)) {
+          Check(code, "running a step");
+          return;
+        } else {
+          continue;  // a step takes microseconds to milliseconds: spin
+        }
       }
-      const int code = gpu::EventQuery(pending_.front());
-      if (code == 0) {
-        pending_.pop_front();
-        steps_.fetch_add(1, std::memory_order_relaxed);
-        last_activity = std::chrono::steady_clock::now();
-        continue;
-      }
-      if (!gpu::IsNotReady(code)) {
-        Check(code, "waiting for a step");
+      uint32_t doorbell = 0;
+      if (!Load(SAMPLERD_CONTROL_DOORBELL, &doorbell)) {
+        Fault(ShrunkShmError("the control block"));
         return;
       }
-      if (std::chrono::steady_clock::now() - last_activity < kSpin) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(kSleep);
+      if (doorbell == SAMPLERD_RING) {
+        // Reset before enqueueing: done (written by the stream after this) tells the engine
+        // it may ring again, and that ring must not be swallowed.
+        if (!Store(SAMPLERD_CONTROL_DOORBELL, 0)) {
+          Fault(ShrunkShmError("the control block"));
+          return;
+        }
+        if (!EnqueueStep()) return;
+        in_flight_ = true;
+        continue;
       }
+      // Reading the clock costs ~20 ns; spinning polls look at it every 64th time.
+      if ((++polls & 63) != 0) continue;
+      if (std::chrono::steady_clock::now() - last_step_ < spin_) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(sleep_);
     }
   }
 
-  // One step, in stream order: wait doorbell == RING; doorbell = 0; SessionStep; done = DONE;
-  // record `event`. The step counts as pending from its wait on, so that Stop() releases it.
-  bool EnqueueStep(gpu::Event event) {
-    if (!Check(
-            gpu::StreamWaitValue32(stream_, ControlWord(SAMPLERD_CONTROL_DOORBELL), SAMPLERD_RING),
-            "enqueueing the doorbell wait")) {
-      return false;
+  // One step, in stream order: SessionStep (reads control.batch, writes step_status and
+  // steps_done through the device address of the control block), then done = DONE (fenced
+  // after the kernels), then the step's event. No wait of any kind.
+  bool EnqueueStep() {
+    return Check(gpu::SessionStep(args_, workspace_, workspace_bytes_, stream_),
+                 "enqueueing the sampling step") &&
+           Check(gpu::StreamWriteValue32(stream_, device_control_ + SAMPLERD_CONTROL_DONE,
+                                         SAMPLERD_DONE),
+                 "enqueueing the done write") &&
+           Check(gpu::EventRecord(event_, stream_), "recording the step event");
+  }
+
+  // Polls the step in flight until it completes, up to kStopDeadline; false if it does not.
+  bool WaitInFlight() {
+    const auto deadline = std::chrono::steady_clock::now() + kStopDeadline;
+    while (true) {
+      const int code = gpu::EventQuery(event_);
+      if (code == 0) {
+        in_flight_ = false;
+        steps_.fetch_add(1, std::memory_order_relaxed);
+        last_completion_ = std::chrono::steady_clock::now();
+        return true;
+      }
+      if (!gpu::IsNotReady(code) || std::chrono::steady_clock::now() > deadline) {
+        (void)gpu::LastError();
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
-    pending_.push_back(event);
-    const bool ok =
-        Check(gpu::StreamWriteValue32(stream_, ControlWord(SAMPLERD_CONTROL_DOORBELL), 0),
-              "enqueueing the doorbell reset") &&
-        Check(gpu::SessionStep(args_, workspace_, workspace_bytes_, stream_),
-              "enqueueing the sampling step") &&
-        Check(gpu::StreamWriteValue32(stream_, ControlWord(SAMPLERD_CONTROL_DONE), SAMPLERD_DONE),
-              "enqueueing the done write");
-    // Recorded even after a failure, so that Stop() can tell when the released wait is over.
-    const bool recorded = Check(gpu::EventRecord(event, stream_), "recording the step event");
-    return ok && recorded;
   }
 
   // Reports the first runtime failure through on_fault; true when `code` is success.
   bool Check(int code, const char* what) {
     if (code == 0) return true;
     (void)gpu::LastError();
-    if (!faulted_.exchange(true) && on_fault_) {
-      on_fault_(absl::InternalError(absl::StrCat("GPU plane: ", what, ": ", RuntimeText(code))));
-    }
+    Fault(absl::InternalError(absl::StrCat("GPU plane: ", what, ": ", RuntimeText(code))));
     return false;
   }
 
-  // After the feeder has stopped: aborts every pending step and releases its doorbell wait in
-  // turn from the release stream (each release waits for the previous step to finish, so that
-  // its doorbell reset cannot swallow the next ring), then writes step_status = ABORTED and
-  // done = DONE once more for a pending or future engine wait. Waits up to kStopDeadline.
-  void ReleaseWaits() {
-    bool ok = gpu::SetDevice(spec_.device_ordinal) == 0 &&
-              gpu::StreamWriteValue32(release_stream_, abort_, 1) == 0;
-    for (gpu::Event event : pending_) {
-      ok = ok &&
-           gpu::StreamWriteValue32(release_stream_, ControlWord(SAMPLERD_CONTROL_DOORBELL),
-                                   SAMPLERD_RING) == 0 &&
-           gpu::StreamWaitEvent(release_stream_, event) == 0;
-    }
-    ok = ok &&
-         gpu::StreamWriteValue32(release_stream_, ControlWord(SAMPLERD_CONTROL_STEP_STATUS),
-                                 SAMPLERD_STEP_ABORTED) == 0 &&
-         gpu::StreamWriteValue32(release_stream_, ControlWord(SAMPLERD_CONTROL_DONE),
-                                 SAMPLERD_DONE) == 0 &&
-         gpu::EventRecord(release_done_, release_stream_) == 0;
-    pending_.clear();
-    if (!ok) {
-      // The waits could not all be released: keep the memory and streams (see below).
-      (void)gpu::LastError();
-      leaked_ = true;
-      return;
-    }
-    const auto deadline = std::chrono::steady_clock::now() + kStopDeadline;
-    while (true) {
-      const int code = gpu::EventQuery(release_done_);
-      if (code == 0) break;
-      if (!gpu::IsNotReady(code) || std::chrono::steady_clock::now() > deadline) {
-        // The device does not finish the released steps: keep the memory rather than free
-        // what a stuck kernel may still touch.
-        (void)gpu::LastError();
-        leaked_ = true;
-        return;
-      }
-      std::this_thread::sleep_for(kSleep);
-    }
-    (void)gpu::StreamSynchronize(stream_);
-    (void)gpu::StreamSynchronize(release_stream_);
+  void Fault(const absl::Status& status) {
+    if (!faulted_.exchange(true) && on_fault_) on_fault_(status);
   }
 
-  void FreeDeviceResources() {
-    if (stream_ == nullptr && release_stream_ == nullptr && allocation_ == nullptr) return;
-    (void)gpu::SetDevice(spec_.device_ordinal);
-    for (gpu::Event event : events_) {
-      if (event != nullptr) (void)gpu::EventDestroy(event);
+  void FreeResources() {
+    if (stream_ != nullptr || workspace_ != nullptr || event_ != nullptr) {
+      (void)gpu::SetDevice(spec_.device_ordinal);
     }
-    if (release_done_ != nullptr) (void)gpu::EventDestroy(release_done_);
-    if (stream_ != nullptr) AllocationCache::Get().GiveStream(spec_.device_ordinal, stream_);
-    if (release_stream_ != nullptr) {
-      AllocationCache::Get().GiveStream(spec_.device_ordinal, release_stream_);
+    if (stream_ != nullptr) {
+      (void)gpu::StreamSynchronize(stream_);
+      (void)gpu::StreamDestroy(stream_);
     }
-    if (allocation_ != nullptr) {
-      AllocationCache::Get().Give(spec_.device_ordinal, allocation_, allocation_bytes_);
-    }
+    if (event_ != nullptr) (void)gpu::EventDestroy(event_);
+    if (workspace_ != nullptr) (void)gpu::DeviceFree(workspace_);
+    if (pages_ != nullptr) HostPageTable::Get().Release(pages_, page_count_);
     (void)gpu::LastError();
   }
 
 #undef RETURN_IF_RUNTIME
 
-  const SessionSpec spec_;
-  const GpuPlaneOptions options_;
+  SessionSpec spec_;
+  const std::chrono::microseconds spin_;
+  const std::chrono::microseconds sleep_;
   const PlaneRunner::FaultCallback on_fault_;
 
   gpu::SessionStepArgs args_;
+  uint8_t* pages_ = nullptr;  // the control block's registered pages (HostPageTable)
+  size_t page_count_ = 0;
+  uint8_t* device_control_ = nullptr;  // the control block's device address
   gpu::Stream stream_ = nullptr;
-  gpu::Stream release_stream_ = nullptr;  // Stop()'s releases: never behind the session's waits
-  void* allocation_ = nullptr;            // abort word + workspace (AllocationCache)
-  size_t allocation_bytes_ = 0;
-  uint32_t* abort_ = nullptr;  // device word: nonzero aborts every pending step
-  uint8_t* workspace_ = nullptr;
+  gpu::Event event_ = nullptr;  // recorded after each step's done write
+  void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  std::vector<gpu::Event> events_;  // one per enqueued step, reused round robin
-  gpu::Event release_done_ = nullptr;
-  std::deque<gpu::Event> pending_;  // enqueued steps not seen complete, oldest first
-  bool started_ = false;            // the feeder ran: Stop() must release its waits
+
+  // The feeder's state; Stop() reads and writes it only after joining the feeder.
+  bool in_flight_ = false;  // a step was enqueued and not yet seen complete
+  std::chrono::steady_clock::time_point last_step_{};        // start, or the last completion
+  std::chrono::steady_clock::time_point last_completion_{};  // epoch: no step completed
+  bool started_ = false;                                     // the feeder thread runs
   bool leaked_ = false;
 
   std::atomic<bool> stop_{false};
@@ -391,7 +430,7 @@ class GpuPlaneRunner final : public PlaneRunner {
 absl::StatusOr<std::unique_ptr<PlaneRunner>> StartGpuPlane(SessionSpec spec,
                                                            const GpuPlaneOptions& options,
                                                            PlaneRunner::FaultCallback on_fault) {
-  if (absl::Status valid = ValidateSpec(spec, options); !valid.ok()) return valid;
+  if (absl::Status valid = ValidateSpec(spec); !valid.ok()) return valid;
   auto runner = std::make_unique<GpuPlaneRunner>(std::move(spec), options, std::move(on_fault));
   if (absl::Status started = runner->Start(); !started.ok()) return started;
   return std::unique_ptr<PlaneRunner>(std::move(runner));
