@@ -45,10 +45,11 @@ ABSL_FLAG(int32_t, max_device_sessions, 8,
 ABSL_FLAG(int32_t, host_plane_threads, 0,
           "CPU threads that sample one host-plane device-session step; 0 = one per core, at "
           "most 8.");
-ABSL_FLAG(int32_t, session_spin_us, 20000,
-          "How long a host-plane session's poller spins on its doorbell after a step, in "
-          "microseconds, before it falls back to sleeping polls (spinning costs a core; "
-          "sleeping adds up to 50 us to a step). 0 = never spin.");
+ABSL_FLAG(
+    int32_t, session_spin_us, 20000,
+    "How long a device session's poller (either plane) spins on its doorbell after a step, in "
+    "microseconds, before it falls back to sleeping polls (spinning costs a core; "
+    "sleeping adds up to 50 us to a step). 0 = never spin.");
 ABSL_FLAG(std::string, shm_prefix, "/samplerd-",
           "Required start of host shared-memory keys in RegisterRegion (a '/' and at least one "
           "more character, no further '/' or \"..\"). Keys are refused otherwise.");
@@ -132,6 +133,7 @@ absl::Status SessionsFromFlags(core::DeviceSessionOptions* sessions) {
   sessions->max_sessions = absl::GetFlag(FLAGS_max_device_sessions);
   sessions->host.threads = absl::GetFlag(FLAGS_host_plane_threads);
   sessions->host.spin_us = absl::GetFlag(FLAGS_session_spin_us);
+  sessions->gpu.spin_us = sessions->host.spin_us;
   if (sessions->max_sessions < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expected --max_device_sessions >= 0 (0 = none), got ", sessions->max_sessions));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,14 @@ int Fail(const std::string& what, const absl::Status& status) {
 int main(int argc, char** argv) {
   samplerd::SetUpFlagsUsage();
   absl::ParseCommandLine(argc, argv);
+
+  // A GPU-plane device session parks a stream on a wait for the engine's doorbell, and a
+  // waiting stream blocks the hardware queue it is mapped to (CUDA: CUDA_DEVICE_MAX_CONNECTIONS
+  // queues, 8 by default; HIP: GPU_MAX_HW_QUEUES, 4). More queues keep an idle engine's session
+  // from stalling other sessions and the unary path. Set before the runtime starts; an
+  // operator's own value wins.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  setenv("GPU_MAX_HW_QUEUES", "8", /*overwrite=*/0);
 
   // Block the stop signals before gRPC, civetweb and the core start threads (they inherit the
   // mask), so that only sigwait() below sees them.

@@ -36,7 +36,7 @@ struct DeviceSessionOptions {
   // Most sessions open at once (--max_device_sessions); one more is RESOURCE_EXHAUSTED. 0: none.
   int32_t max_sessions = 8;
   HostPlaneOptions host;  // --host_plane_threads, --session_spin_us
-  GpuPlaneOptions gpu;
+  GpuPlaneOptions gpu;    // --session_spin_us
 };
 
 struct CoreOptions {
