@@ -201,6 +201,23 @@ class DeviceSessionTest(unittest.TestCase):
                 np.testing.assert_array_equal(tb, np.argmax(lb, axis=1))
 
 
+def all_threads_stopped(pid: int, timeout: float) -> bool:
+    """True once every thread of `pid` is in state T (stopped), polling up to `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue  # the thread ended meanwhile
+        if states and all(state in ("T", "t") for state in states):
+            return True
+        time.sleep(0.01)
+    return False
+
+
 class ServerDeathTest(unittest.TestCase):
     """The server SIGKILLed mid-session: a pending step and the next sample() raise within 1 s."""
 
@@ -222,8 +239,11 @@ class ServerDeathTest(unittest.TestCase):
         tokens, _ = s.sample(logits, temperature=0.0, seeds=0, positions=0)
         np.testing.assert_array_equal(tokens, np.argmax(logits, axis=1))
 
-        # A step rung while the server is stopped waits; the kill must release it.
+        # A step rung while the server is stopped waits; the kill must release it. SIGSTOP
+        # reaches the server's threads one by one: ring only once every one has stopped, or
+        # the poller may still answer the step.
         os.kill(self.server.process.pid, signal.SIGSTOP)
+        self.assertTrue(all_threads_stopped(self.server.process.pid, timeout=5.0))
         outcome = {}
 
         def step():

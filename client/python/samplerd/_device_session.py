@@ -29,10 +29,13 @@ thread holds. A step then costs no RPC:
       the stream's doorbell write and ``done`` wait go to host memory. The server polls the
       doorbell on the host and never parks a stream wait (a parked wait would block every
       device-wide synchronisation in the server: docs/DEVICE_SESSIONS.md).
-    - ``plane="auto"``: the host plane for B <= ``host_plane_max_batch`` (default 8, pending
-      measurement), the GPU plane above. When max_batch spans both, the session opens two server
-      sessions (one per plane, each with its own buffers) and picks one per sample() call by B.
-      ``logits_buffer`` is then the GPU plane's; the host plane copies from it.
+    - ``plane="auto"``: the GPU plane when the server serves it, else the host plane. With
+      ``host_plane_max_batch = N > 0`` (default 0), B <= N goes to the host plane and larger B
+      to the GPU plane: the session then opens two server sessions (one per plane, each with its
+      own buffers) and picks one per sample() call by B; ``logits_buffer`` is then the GPU
+      plane's, and the host plane copies from it. The default follows the H200 measurements
+      (tests/bench/DEVICE_SESSION_RESULTS.md): the host plane only ties PyTorch at B = 1 with
+      top-k settings and loses badly on top-p alone, while the GPU plane wins from B = 32 on.
 
 Faults: when the DeviceSession call ends without ``closed`` (the server died or drains), the
 watcher thread writes ``step_status = ABORTED`` and ``done = 1`` into the control block itself
@@ -773,8 +776,10 @@ class DeviceSession:
     when the session was opened with ``logprobs``).
     """
 
-    #: Default of ``host_plane_max_batch``: "auto" serves B <= this on the host plane.
-    HOST_PLANE_MAX_BATCH = 8
+    #: Default of ``host_plane_max_batch``: "auto" serves B <= this on the host plane (when the
+    #: server serves the GPU plane too). 0: the GPU plane for every B (measured best overall on
+    #: the H200, tests/bench/DEVICE_SESSION_RESULTS.md).
+    HOST_PLANE_MAX_BATCH = 0
 
     def __init__(self, client: Any, max_batch: int = 128, vocab: int = 151936,
                  dtype: Any = "float32", plane: str = "auto", logprobs: Any = False,
