@@ -15,6 +15,11 @@ enum class DType : uint8_t { kFp32 = 0, kFp16 = 1, kBf16 = 2 };
 // Bytes per element of `dtype`.
 inline constexpr int64_t DTypeSize(DType dtype) { return dtype == DType::kFp32 ? 4 : 2; }
 
+// "fp32", "fp16" or "bf16", for messages.
+inline constexpr const char* DTypeName(DType dtype) {
+  return dtype == DType::kFp32 ? "fp32" : dtype == DType::kFp16 ? "fp16" : "bf16";
+}
+
 // Which mass the top-p threshold is compared with (DESIGN.md step 5).
 enum class TopPMode : uint8_t {
   kTopKFirst = 0,  // over the survivors of min-p and top-k, renormalised (vLLM)

@@ -61,18 +61,6 @@ struct OutputLayout {
   }
 };
 
-const char* DTypeName(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::kFp32:
-      return "fp32";
-    case kernels::DType::kFp16:
-      return "fp16";
-    case kernels::DType::kBf16:
-      return "bf16";
-  }
-  return "unknown dtype";
-}
-
 // Warm-up logits: `vocab` positive values rising with the column, so the argmax is the last
 // column. Positive IEEE floats order like their bit patterns, so the bits of 1.0 plus the
 // column index make such a row in any dtype without a conversion routine.
@@ -231,8 +219,8 @@ absl::Status GpuSampler::Warmup() {
     SampleIo io;
     io.logits = logits.data();
     const absl::Status status = Sample(batch, io, &result);
-    const std::string what =
-        absl::StrCat("the ", DTypeName(dtype), " warm-up batch on GPU ", device_.pci_bus_id);
+    const std::string what = absl::StrCat("the ", kernels::DTypeName(dtype),
+                                          " warm-up batch on GPU ", device_.pci_bus_id);
     if (!status.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("expected ", what, " to sample, got: ", status.message()));

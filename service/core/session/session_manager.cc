@@ -51,18 +51,6 @@ absl::StatusOr<kernels::DType> DTypeOf(int32_t dtype) {
                  dtype == 0 ? "DTYPE_UNSPECIFIED" : absl::StrCat("the unknown value ", dtype));
 }
 
-const char* DTypeName(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::kFp32:
-      return "fp32";
-    case kernels::DType::kFp16:
-      return "fp16";
-    case kernels::DType::kBf16:
-      return "bf16";
-  }
-  return "?";
-}
-
 // Prefixes a lease error with the buffer it is about, keeping its code.
 absl::Status AboutBuffer(int buffer, absl::string_view what, const absl::Status& status) {
   return absl::Status(status.code(),
@@ -162,7 +150,8 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
       SAMPLERD_CONTROL_ALIGN, elem, SAMPLERD_PARAMS_ALIGN, 4, 4, 4};
   const std::array<std::string, kBuffers> what = {
       absl::StrCat(SAMPLERD_CONTROL_BYTES, " bytes"),
-      absl::StrCat("[max_batch ", m, ", row_stride ", stride, "] ", DTypeName(spec->dtype)),
+      absl::StrCat("[max_batch ", m, ", row_stride ", stride, "] ",
+                   kernels::DTypeName(spec->dtype)),
       absl::StrCat("36 * max_batch ", m, " bytes"),
       absl::StrCat("int32[max_batch ", m, "]"),
       absl::StrCat("int32[max_batch ", m, "]"),
