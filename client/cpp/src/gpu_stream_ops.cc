@@ -18,7 +18,6 @@ constexpr unsigned kCuStreamWaitValueEq = 0x1;
 constexpr unsigned kCuStreamWriteValueDefault = 0x0;
 constexpr unsigned kCuMemHostRegisterPortable = 0x01;
 constexpr unsigned kCuMemHostRegisterDeviceMap = 0x02;
-constexpr unsigned kCuStreamNonBlocking = 0x1;
 using CuInit = CuResult (*)(unsigned);
 using CuWriteValue32 = CuResult (*)(void*, CuDevicePtr, uint32_t, unsigned);
 using CuWaitValue32 = CuResult (*)(void*, CuDevicePtr, uint32_t, unsigned);
@@ -26,10 +25,6 @@ using CuHostRegister = CuResult (*)(void*, size_t, unsigned);
 using CuHostUnregister = CuResult (*)(void*);
 using CuHostDevicePointer = CuResult (*)(CuDevicePtr*, void*, unsigned);
 using CuCtxGetCurrent = CuResult (*)(void**);
-using CuCtxSetCurrent = CuResult (*)(void*);
-using CuStreamCreate = CuResult (*)(void**, unsigned);
-using CuStreamSynchronize = CuResult (*)(void*);
-using CuStreamDestroy = CuResult (*)(void*);
 using CuGetErrorString = CuResult (*)(CuResult, const char**);
 
 // hip_runtime_api.h
@@ -37,14 +32,11 @@ using HipError = int;
 constexpr unsigned kHipStreamWaitValueEq = 0x1;
 constexpr unsigned kHipHostRegisterPortable = 0x1;
 constexpr unsigned kHipHostRegisterMapped = 0x2;
-constexpr unsigned kHipStreamNonBlocking = 0x1;
 using HipWriteValue32 = HipError (*)(void*, void*, uint32_t, unsigned);
 using HipWaitValue32 = HipError (*)(void*, void*, uint32_t, unsigned, uint32_t);
 using HipHostRegister = HipError (*)(void*, size_t, unsigned);
 using HipHostUnregister = HipError (*)(void*);
 using HipHostDevicePointer = HipError (*)(void**, void*, unsigned);
-using HipGetDevice = HipError (*)(int*);
-using HipSetDevice = HipError (*)(int);
 using HipStreamCreate = HipError (*)(void**, unsigned);
 using HipStreamSynchronize = HipError (*)(void*);
 using HipStreamDestroy = HipError (*)(void*);
@@ -98,10 +90,6 @@ std::string GpuStreamOps::Resolve(GpuVendor vendor, GpuStreamOps* ops) {
       {&ops->host_unregister_, "cuMemHostUnregister", "hipHostUnregister"},
       {&ops->host_device_pointer_, "cuMemHostGetDevicePointer_v2", "hipHostGetDevicePointer"},
       {&ops->get_context_, "cuCtxGetCurrent", "hipGetDevice"},
-      {&ops->set_context_, "cuCtxSetCurrent", "hipSetDevice"},
-      {&ops->stream_create_, "cuStreamCreate", "hipStreamCreateWithFlags"},
-      {&ops->stream_synchronize_, "cuStreamSynchronize", "hipStreamSynchronize"},
-      {&ops->stream_destroy_, "cuStreamDestroy_v2", "hipStreamDestroy"},
       {&ops->error_string_, "cuGetErrorString", "hipGetErrorString"},
   };
   for (const Entry& entry : entries) {
@@ -239,45 +227,6 @@ void GpuStreamOps::UnregisterHost(void* ptr) const {
   } else {
     As<HipHostUnregister>(host_unregister_)(ptr);
   }
-}
-
-std::string GpuStreamOps::CurrentContext(GpuContext* context) const {
-  if (vendor_ == GpuVendor::kCuda) {
-    SAMPLERD_CHECK_GPU("cuCtxGetCurrent",
-                       As<CuCtxGetCurrent>(get_context_)(&context->cuda_context));
-    if (context->cuda_context == nullptr) {
-      return "expected a current CUDA context on the calling thread, got none";
-    }
-  } else {
-    SAMPLERD_CHECK_GPU("hipGetDevice", As<HipGetDevice>(get_context_)(&context->hip_device));
-  }
-  return "";
-}
-
-std::string GpuStreamOps::WriteNow(const GpuContext& context, const uint64_t* addresses,
-                                   const uint32_t* values, int count) const {
-  if (vendor_ == GpuVendor::kCuda) {
-    SAMPLERD_CHECK_GPU("cuCtxSetCurrent", As<CuCtxSetCurrent>(set_context_)(context.cuda_context));
-  } else {
-    SAMPLERD_CHECK_GPU("hipSetDevice", As<HipSetDevice>(set_context_)(context.hip_device));
-  }
-  // A non-blocking stream: the legacy default stream would wait behind an engine stream that
-  // is itself waiting for these very writes.
-  void* stream = nullptr;
-  const unsigned flags = vendor_ == GpuVendor::kCuda ? kCuStreamNonBlocking : kHipStreamNonBlocking;
-  SAMPLERD_CHECK_GPU("stream create", As<CuStreamCreate>(stream_create_)(&stream, flags));
-  std::string error;
-  for (int i = 0; i < count && error.empty(); ++i) {
-    error = WriteValue32(stream, addresses[i], values[i]);
-  }
-  const int synced = As<CuStreamSynchronize>(stream_synchronize_)(stream);
-  As<CuStreamDestroy>(stream_destroy_)(stream);
-  if (error.empty() && synced != 0) {
-    return vendor_ == GpuVendor::kCuda
-               ? CudaError(error_string_, "cuStreamSynchronize", synced)
-               : HipErrorText(error_string_, "hipStreamSynchronize", synced);
-  }
-  return error;
 }
 
 #undef SAMPLERD_CHECK_GPU

@@ -15,13 +15,6 @@ namespace samplerd::internal {
 // Which runtime to use; kAuto prefers one the process has loaded already, then CUDA, then HIP.
 enum class GpuVendor { kAuto, kCuda, kHip };
 
-// The calling thread's device context, captured so that another thread can write through it:
-// a CUcontext for CUDA, a device ordinal for HIP.
-struct GpuContext {
-  void* cuda_context = nullptr;
-  int hip_device = -1;
-};
-
 // Every method returns an empty string on success, else a message "expected X, got Y"-style
 // naming the driver call and its error. Thread-safe: the object is immutable once resolved.
 class GpuStreamOps {
@@ -46,14 +39,6 @@ class GpuStreamOps {
   // Undoes RegisterHost (best effort).
   void UnregisterHost(void* ptr) const;
 
-  // Captures the calling thread's current context (CUDA) or device (HIP).
-  std::string CurrentContext(GpuContext* context) const;
-  // From any thread: in `context`, on a private non-blocking stream, writes values[i] at
-  // addresses[i] in order and waits for the writes to land. Used to release an engine's
-  // pending wait when the server has gone; never waits behind the engine's streams.
-  std::string WriteNow(const GpuContext& context, const uint64_t* addresses, const uint32_t* values,
-                       int count) const;
-
  private:
   GpuStreamOps() = default;
   static std::string Resolve(GpuVendor vendor, GpuStreamOps* ops);
@@ -67,10 +52,6 @@ class GpuStreamOps {
   void* host_unregister_ = nullptr;
   void* host_device_pointer_ = nullptr;
   void* get_context_ = nullptr;  // cuCtxGetCurrent / hipGetDevice
-  void* set_context_ = nullptr;  // cuCtxSetCurrent / hipSetDevice
-  void* stream_create_ = nullptr;
-  void* stream_synchronize_ = nullptr;
-  void* stream_destroy_ = nullptr;
   void* error_string_ = nullptr;
 };
 
