@@ -33,6 +33,10 @@ class FastCpuSampler {
     int threads = 1;    // >= 1, the calling thread included
     int spin_us = 200;  // how long idle workers spin before they block
     TaskGuard guard;    // null: tasks run unguarded
+    // A top-k / top-p boundary is found by histogram passes until at most this many tokens lie
+    // at or above its bin; those are then gathered and finished in one thread. Tests lower it
+    // to drive every path on small rows.
+    int gather_cap = 1024;
   };
 
   explicit FastCpuSampler(const Options& options);

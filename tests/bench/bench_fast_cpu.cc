@@ -1,7 +1,10 @@
 // FastCpuSampler (kernels/cpu_fast, the host plane's sampler) against the CPU oracle.
 //
-// V = 151,936 fp32 logits ~ 3 * N(0, 1) from a fixed seed; B in {1, 4, 32}; settings (arg S):
+// V = 151,936 fp32 logits from a fixed seed; B in {1, 4, 32}; settings (arg S):
 // 0 top-k 50 + top-p 0.9 at T 0.8, 1 top-p 0.95, 2 top-k 50, 3 greedy, 4 temperature 0.8.
+// Distributions (arg D): 0 randn * 3; 1 flat, N(0, 0.05) (a random-weight model: top-p keeps
+// most of the row); 2 Zipf-like, x = -1.1 * ln(rank) over a random permutation of ranks (a
+// peaked, heavy-tailed row like a trained model's).
 // BM_Oracle runs CpuSampleRows over the rows with `threads` std::threads (rows split evenly, as
 // the server's pool would); BM_Fast runs FastCpuSampler::Sample with `threads` threads (the
 // caller included; workers spin between iterations, as in a busy session). Per-iteration time
@@ -11,6 +14,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <thread>
@@ -25,11 +29,23 @@ namespace {
 
 constexpr int64_t kVocab = 151936;
 
-std::vector<float> RandomLogits(int64_t batch, uint32_t seed) {
+std::vector<float> RandomLogits(int64_t batch, int64_t distribution, uint32_t seed) {
   std::vector<float> logits(static_cast<size_t>(batch * kVocab));
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& x : logits) x = 3.0f * normal(rng);
+  if (distribution == 2) {
+    std::vector<int64_t> rank(kVocab);
+    for (int64_t j = 0; j < kVocab; ++j) rank[j] = j + 1;
+    for (int64_t row = 0; row < batch; ++row) {
+      std::shuffle(rank.begin(), rank.end(), rng);
+      for (int64_t j = 0; j < kVocab; ++j) {
+        logits[row * kVocab + j] = -1.1f * std::log(static_cast<float>(rank[j]));
+      }
+    }
+    return logits;
+  }
+  const float sigma = distribution == 1 ? 0.05f : 3.0f;
+  for (float& x : logits) x = sigma * normal(rng);
   return logits;
 }
 
@@ -63,7 +79,7 @@ struct Fixture {
   explicit Fixture(benchmark::State& state)
       : batch(state.range(0)),
         threads(static_cast<int>(state.range(2))),
-        logits(RandomLogits(batch, 2024)),
+        logits(RandomLogits(batch, state.range(3), 2024)),
         params(1, Setting(state.range(1))),
         tokens(batch),
         status(batch) {
@@ -121,10 +137,12 @@ void BM_Fast(benchmark::State& state) {
 }
 
 void Args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"B", "S", "threads"});
-  for (int64_t batch : {1, 4, 32}) {
-    for (int64_t s : {0, 1, 2, 3, 4}) {
-      for (int64_t threads : {1, 2, 8}) b->Args({batch, s, threads});
+  b->ArgNames({"B", "S", "threads", "D"});
+  for (int64_t d : {0, 1, 2}) {
+    for (int64_t batch : {1, 4, 32}) {
+      for (int64_t s : {0, 1, 2, 3, 4}) {
+        for (int64_t threads : {1, 2, 8}) b->Args({batch, s, threads, d});
+      }
     }
   }
   b->Unit(benchmark::kMicrosecond)->UseRealTime();

@@ -289,6 +289,98 @@ TEST(FastCpuSamplerTest, EverySettingOnTheSameRowsMatchesTheOracle) {
   }
 }
 
+// B rows of N(0, sigma) logits (sigma 0.05: the near-flat rows of a random-weight model, where
+// top-p keeps most of the row), every row with `params` and its own seed and position. With
+// `grid` > 0 the values are rounded to multiples of it (huge tie groups).
+Batch FlatBatch(int64_t batch, int64_t vocab, float sigma, float grid, const RowParams& params,
+                std::mt19937_64& rng) {
+  Batch b;
+  b.batch = batch;
+  b.vocab = vocab;
+  std::normal_distribution<float> normal(0.0f, sigma);
+  b.values.resize(batch * vocab);
+  for (float& v : b.values) v = grid > 0.0f ? std::round(normal(rng) / grid) * grid : normal(rng);
+  for (int64_t row = 0; row < batch; ++row) {
+    RowParams p = params;
+    p.seed = rng();
+    p.position = rng() % 100000;
+    b.params.push_back(p);
+  }
+  b.Encode();
+  return b;
+}
+
+TEST(FastCpuSamplerTest, FlatRowsUnderTopPMatchTheOracle) {
+  std::mt19937_64 rng(2025);
+  FastCpuSampler sampler(Threads(3));
+  int rows = 0;
+  int differences = 0;
+  for (float top_p : {0.95f, 0.5f}) {
+    for (int64_t batch : {1, 32}) {
+      const Batch b = FlatBatch(batch, 151936, 0.05f, 0.0f, P(1.0f, 0, top_p), rng);
+      differences += Compare(b, RunFast(b, sampler), RunOracle(b),
+                             "flat top-p " + std::to_string(top_p) + " B " + std::to_string(batch));
+      rows += static_cast<int>(batch);
+    }
+  }
+  EXPECT_EQ(rows, 66);
+  EXPECT_LE(differences, 1);
+}
+
+TEST(FastCpuSamplerTest, FlatAndTiedRowsUnderEveryFilterMatchTheOracle) {
+  // Large top-k, ties on a coarse grid and JOINT mode drive the selection through refinement
+  // passes, single-value boundary bins and gathers of every size.
+  std::mt19937_64 rng(31);
+  FastCpuSampler sampler(Threads(2));
+  const RowParams settings[] = {
+      P(1.0f, 5000),
+      P(1.0f, 20, 0.9f),
+      P(0.7f, 3000, 0.8f),
+      P(1.0f, 0, 0.6f, 0.9f),
+      P(1.0f, 40000, 0.7f, 0.0f, TopPMode::kJoint),
+      P(1.0f, 0, 0.3f, 0.95f, TopPMode::kJoint),
+      P(1.0f, 0, 0.99f),
+  };
+  int differences = 0;
+  for (const RowParams& params : settings) {
+    for (float grid : {0.0f, 0.01f}) {
+      const Batch b = FlatBatch(4, 60000, 0.05f, grid, params, rng);
+      differences += Compare(b, RunFast(b, sampler), RunOracle(b),
+                             "k " + std::to_string(params.top_k) + " p " +
+                                 std::to_string(params.top_p) + " grid " + std::to_string(grid));
+    }
+  }
+  EXPECT_LE(differences, 1);
+}
+
+TEST(FastCpuSamplerTest, EverySelectionPathMatchesTheOracle) {
+  // A tiny gather cap makes small rows take the refinement passes, single-value boundaries and
+  // the parallel draw after top-k / top-p, where a boundary off by one token shows.
+  std::mt19937_64 rng(606);
+  int rows = 0;
+  int differences = 0;
+  for (int cap : {0, 1, 7}) {
+    FastCpuSampler::Options options = Threads(2);
+    options.gather_cap = cap;
+    FastCpuSampler sampler(options);
+    for (int64_t vocab : {5, 111, 3000}) {
+      for (int rep = 0; rep < 40; ++rep) {
+        Batch b = rep % 4 == 3 ? FlatBatch(8, vocab, 0.05f, rep % 8 == 7 ? 0.02f : 0.0f,
+                                           kSettings[rep % std::size(kSettings)].params, rng)
+                               : RandomBatch(DType::kFp32, 8, vocab, rng, rep % 2 == 1);
+        for (RowParams& p : b.params) {
+          if (p.top_k > 3) p.top_k = 1 + static_cast<int32_t>(rng() % 4);
+        }
+        differences += Compare(b, RunFast(b, sampler), RunOracle(b),
+                               "cap " + std::to_string(cap) + " V " + std::to_string(vocab));
+        rows += 8;
+      }
+    }
+  }
+  EXPECT_EQ(rows, 2880);
+  EXPECT_LE(differences, 3);
+}
+
 TEST(FastCpuSamplerTest, ResultsDoNotDependOnThreadsOrBatch) {
   std::mt19937_64 rng(77);
   FastCpuSampler one(Threads(1));
