@@ -64,8 +64,49 @@ inline float ValueOf(uint32_t key) {
   return z;
 }
 
+// 2^(i / 64), i in [0, 64), for ExpNonPositive.
+struct ExpTable {
+  double value[64];
+  ExpTable() {
+    for (int i = 0; i < 64; ++i) value[i] = std::exp2(i / 64.0);
+  }
+};
+
+const ExpTable& Exp2Table() {
+  static const ExpTable table;
+  return table;
+}
+
+// exp(x) for x in [-44, 0] within ~2 ulp, branch-free: x = (k + i / 64) ln 2 + r with
+// |r| <= ln 2 / 128, exp(r) by its Taylor series to r^6 (error < 1e-17), 2^(i/64) from a table
+// and 2^k added to the exponent bits.
+inline double ExpNonPositive(double x) {
+  constexpr double kInvLn2N = 64.0 / 0.69314718055994530942;
+  constexpr double kLn2HiN = 0x1.62e42fefa0000p-7;   // ln 2 / 64, high part
+  constexpr double kLn2LoN = 0x1.cf79abc9e3b3ap-46;  // ln 2 / 64 - kLn2HiN
+  constexpr double kShift = 0x1.8p52;
+  const double kd_shifted = x * kInvLn2N + kShift;
+  uint64_t ki;
+  std::memcpy(&ki, &kd_shifted, 8);
+  const double kd = kd_shifted - kShift;
+  const double r = (x - kd * kLn2HiN) - kd * kLn2LoN;
+  const int64_t k = static_cast<int64_t>(ki << 12) >> 12;  // the integer in the low 52 bits
+  uint64_t scale_bits;
+  std::memcpy(&scale_bits, &Exp2Table().value[k & 63], 8);
+  scale_bits += static_cast<uint64_t>(k >> 6) << 52;
+  double scale;
+  std::memcpy(&scale, &scale_bits, 8);
+  const double r2 = r * r;
+  const double poly =
+      1.0 + r + r2 * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720)))));
+  return scale * poly;
+}
+
+// exp(z - mx) as an integer in 2^-62 units (0 below 2^-62, where the exp is not needed).
 inline uint64_t QuantisedMass(float z, float mx) {
-  return static_cast<uint64_t>(std::exp(static_cast<double>(z) - mx) * kMassScale);
+  const double x = static_cast<double>(z) - mx;
+  if (!(x >= -44.0)) return 0;
+  return static_cast<uint64_t>(static_cast<int64_t>(ExpNonPositive(x) * kMassScale));
 }
 
 // Upper bounds of the Gumbel noise -logf(-logf(U)) over the Philox bits sharing their top 10
@@ -223,6 +264,7 @@ struct FastCpuSampler::Impl {
         guard(options.guard),
         gather_cap(options.gather_cap) {
     Bounds();
+    Exp2Table();
   }
 
   // Runs fn(0..n-1) over the pool, each call under the guard; false once any call faulted.

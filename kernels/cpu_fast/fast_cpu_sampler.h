@@ -1,16 +1,19 @@
 // A fast multi-threaded CPU sampler with exactly the semantics of kernels/cpu (the oracle).
 //
 // FastCpuSampler samples a whole batch with persistent worker threads. Rows are cut into fixed
-// chunks of the vocabulary, and every phase runs over (row, chunk) tasks, so one row spreads
-// over all threads when B is small and rows spread over threads when B is large. Nothing a row
+// chunks of the vocabulary; every phase runs over (row, chunk) tasks when B < threads, so one
+// row spreads over all threads, and over whole rows otherwise. Its cost per row is a bounded
+// number of passes over the row for any distribution (top-k / top-p boundaries by radix
+// selection, never a sort of more than Options::gather_cap tokens). Nothing a row
 // decides depends on B, the thread count or which thread ran which chunk (batch invariance):
 // reductions are exact (max, counts, integer-quantised masses) or over a total order.
 //
 // Differences from CpuSampleRows: none in the token for greedy rows and for filters decided by
-// counts (min-p, top-k). The top-p total mass is summed in a different order, so a row whose
-// top-p boundary sits within a rounding error of a token's cumulative mass may keep one token
-// more or less (probability ~1e-12 per row). Logprobs (top_logprobs >= 0) are computed by the
-// oracle for the rows that ask.
+// counts (min-p, top-k), nor for top-p when TOP_K_FIRST top-k leaves <= gather_cap tokens (then
+// the oracle's own double sums are used). Otherwise top-p masses are exp(z - mx) (within 2 ulp)
+// quantised to 2^-62 and summed exactly, so a row whose top-p boundary sits within a rounding
+// error (~1e-13 of the total) of a token's cumulative mass may keep one token more or less.
+// Logprobs (top_logprobs >= 0) are computed by the oracle for the rows that ask.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
 #define SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
 
