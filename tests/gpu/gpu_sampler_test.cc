@@ -65,10 +65,6 @@ const Shape kShapes[] = {{8, 32000, 0}, {3, 151936, 0}, {16, 111, 0},
 
 const DType kDTypes[] = {DType::kFp32, DType::kBf16, DType::kFp16};
 
-const char* DTypeName(DType d) {
-  return d == DType::kFp32 ? "fp32" : (d == DType::kBf16 ? "bf16" : "fp16");
-}
-
 // Per-row params: the setting with a random seed and position.
 void SetParams(Batch& b, const RowParams& setting, std::mt19937_64& rng) {
   b.params.assign(b.batch, setting);
