@@ -126,7 +126,7 @@ class ClientTest(unittest.TestCase):
         reply = samplerd.v1.sampler_pb2.SampleResponse(token_ids=[0, 0], row_status=[1, 1],
                                                        seeds=[77, 78])
         with self.assertRaises(samplerd.SamplerError) as caught:
-            samplerd._client._checked(request, samplerd.SampleResult._from_pb(reply))
+            samplerd._results._checked(request, samplerd.SampleResult._from_pb(reply))
         self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("predates row_seeds", caught.exception.message)
 

@@ -17,15 +17,12 @@ Errors are raised as :class:`SamplerError`, which carries the gRPC ``code`` and 
 numpy is required; torch is optional and imported only when a torch tensor is passed.
 """
 
-from ._client import (
-    Client,
-    HostShmRegion,
-    RowLogprobs,
-    SampleResult,
-    SamplerError,
-    StreamSession,
-)
+from ._client import Client
 from ._device_session import DeviceSession
+from ._errors import SamplerError
+from ._host_shm import HostShmRegion
+from ._results import RowLogprobs, SampleResult
+from ._stream import StreamSession
 
 __all__ = [
     "Client",

@@ -1,341 +1,34 @@
-"""Implementation of the samplerd Python client (see the package docstring)."""
+"""Client: the samplerd client over one gRPC channel (the package docstring shows its use).
+
+The rest of the client lives by concern: the sampling options (_options.py), logits into
+requests (_encoding.py), results (_results.py), errors (_errors.py), host shm regions
+(_host_shm.py), streams (_stream.py), CUDA tensors by GPU IPC (_cuda.py) and device sessions
+(_device_session.py).
+"""
 
 from __future__ import annotations
 
 import atexit
-import mmap
-import os
-import queue
 import threading
 import warnings
 import weakref
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import grpc
 import numpy as np
 
-try:
-    from .v1 import sampler_pb2 as pb
-    from .v1 import sampler_pb2_grpc as pb_grpc
-except ImportError as e:  # pragma: no cover - depends on the build
-    raise ImportError(
-        "samplerd: the generated stubs are missing; run client/python/generate.sh first"
-    ) from e
-from ._cuda import CudaIpc, IpcUnavailable, Lease, is_cuda_tensor  # noqa: E402 - needs the stubs
-
-#: A per-row parameter: one value for every row, or a sequence / array of B values.
-PerRow = Union[float, int, Sequence[Any], np.ndarray]
+from ._pb import pb, pb_grpc  # first: it says how to make the stubs when they are missing
+from ._cuda import CudaIpc, IpcUnavailable, Lease, is_cuda_tensor  # noqa: I100
+from ._encoding import _inline_tensor, _region_dtype, _region_tensor
+from ._errors import SamplerError
+from ._host_shm import HostShmRegion
+from ._options import SampleOptions, with_options
+from ._results import SampleResult, _checked
+from ._stream import StreamSession
 
 DEFAULT_TARGET = "unix:///run/samplerd/samplerd.sock"
 #: The server's default message limit (Limits.max_message_bytes).
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
-#: The server's default --shm_prefix; host shm keys must start with it.
-SHM_PREFIX = "/samplerd-"
-
-_DTYPES = {
-    np.dtype(np.float32): pb.DTYPE_FP32,
-    np.dtype(np.float16): pb.DTYPE_FP16,
-}
-_LOGPROB_SOURCES = {
-    "raw": pb.LOGPROB_SOURCE_RAW,
-    "processed": pb.LOGPROB_SOURCE_PROCESSED,
-}
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
-class SamplerError(Exception):
-    """A failed samplerd call: ``code`` is the grpc.StatusCode, ``message`` the server's text."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-    @classmethod
-    def _from_rpc(cls, err: grpc.RpcError) -> "SamplerError":
-        code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-        details = err.details() if hasattr(err, "details") else str(err)
-        return cls(code or grpc.StatusCode.UNKNOWN, details or "")
-
-
-@dataclass
-class RowLogprobs:
-    """Logprobs of one row (natural log)."""
-
-    sampled_logprob: float
-    sampled_rank: int
-    top_token_ids: np.ndarray  # int32 [top_n]
-    top_logprobs: np.ndarray  # float32 [top_n]
-
-
-@dataclass
-class SampleResult:
-    """The answer to one sample call or stream step."""
-
-    tokens: np.ndarray  # int32 [B]; -1 where row_status != ROW_STATUS_OK
-    row_status: np.ndarray  # int32 [B], samplerd.v1.RowStatus values (1 = OK)
-    seeds: np.ndarray  # uint64 [B], the seed each row used (replayable)
-    logprobs: Optional[List[RowLogprobs]]  # B entries when asked for, else None
-    request_id: str
-    compute_ns: int  # server-side sampling time
-    response: Any  # the raw samplerd.v1.SampleResponse
-
-    @classmethod
-    def _from_pb(cls, r: Any) -> "SampleResult":
-        logprobs = None
-        if len(r.logprobs):
-            logprobs = [
-                RowLogprobs(
-                    float(lp.sampled_logprob),
-                    int(lp.sampled_rank),
-                    np.asarray(lp.top_token_ids, dtype=np.int32),
-                    np.asarray(lp.top_logprobs, dtype=np.float32),
-                )
-                for lp in r.logprobs
-            ]
-        return cls(
-            tokens=np.asarray(r.token_ids, dtype=np.int32),
-            row_status=np.asarray(r.row_status, dtype=np.int32),
-            seeds=np.asarray(r.seeds, dtype=np.uint64),
-            logprobs=logprobs,
-            request_id=r.request_id,
-            compute_ns=int(r.timings.compute_ns),
-            response=r,
-        )
-
-
-def _is_torch_tensor(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "dim")
-
-
-def _tensor_bytes(logits: Any) -> Tuple[int, Tuple[int, int], bytes]:
-    """(dtype enum, (B, V), little-endian bytes) of a numpy array or torch tensor."""
-    if _is_torch_tensor(logits):
-        import torch  # lazily: the package works without torch
-
-        t = logits.detach()
-        if t.dim() == 1:
-            t = t.unsqueeze(0)
-        if t.dim() != 2:
-            raise ValueError(f"expected logits of shape [B, V], got {tuple(t.shape)}")
-        t = t.contiguous().cpu()
-        shape = (int(t.shape[0]), int(t.shape[1]))
-        if t.dtype == torch.bfloat16:
-            return pb.DTYPE_BF16, shape, t.view(torch.int16).numpy().tobytes()
-        logits = t.numpy()
-    arr = np.asarray(logits)
-    if arr.ndim == 1:
-        arr = arr[None, :]
-    if arr.ndim != 2:
-        raise ValueError(f"expected logits of shape [B, V], got {arr.shape}")
-    dtype = _DTYPES.get(arr.dtype)
-    if dtype is None:
-        raise TypeError(
-            f"expected float32 or float16 logits (bfloat16 as a torch tensor), got {arr.dtype}"
-        )
-    arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
-    return dtype, (arr.shape[0], arr.shape[1]), arr.tobytes()
-
-
-def _per_row(name: str, value: Any, batch: int) -> Optional[list]:
-    """None for a scalar (or None), else a list of B values."""
-    if value is None or np.isscalar(value):
-        return None
-    values = list(np.asarray(value).reshape(-1).tolist())
-    if len(values) != batch:
-        raise ValueError(f"{name}: expected a scalar or {batch} values, got {len(values)}")
-    return values
-
-
-def _params(
-    batch: int,
-    temperature: PerRow,
-    top_k: PerRow,
-    top_p: PerRow,
-    min_p: PerRow,
-    seed: Optional[PerRow],
-    position: PerRow,
-) -> Tuple[List[Any], Optional[List[int]], Optional[List[int]]]:
-    """(params, row_seeds, row_positions) of a request.
-
-    One SamplingParams when the filters (temperature, top_k, top_p, min_p) are scalars; per-row
-    seeds and positions then travel as the request's packed row_seeds / row_positions (a decode
-    loop's usual case, and far cheaper than B messages). Per-row filters give B SamplingParams.
-    """
-    filters = (
-        ("temperature", temperature, float),
-        ("top_k", top_k, int),
-        ("top_p", top_p, float),
-        ("min_p", min_p, float),
-    )
-    filter_rows = [_per_row(name, value, batch) for name, value, _ in filters]
-    seed_rows = _per_row("seed", seed, batch)
-    position_rows = _per_row("position", position, batch)
-    if all(r is None for r in filter_rows):
-        kw = {name: cast(value) for name, value, cast in filters}
-        if seed_rows is None and seed is not None:
-            kw["seed"] = int(seed)
-        if position_rows is None:
-            kw["position"] = int(position)
-        return (
-            [pb.SamplingParams(**kw)],
-            None if seed_rows is None else [int(v) for v in seed_rows],
-            None if position_rows is None else [int(v) for v in position_rows],
-        )
-    given = filters + (("position", position, int), ("seed", seed, int))
-    rows = filter_rows + [position_rows, seed_rows]
-    columns = [
-        [None] * batch if value is None and r is None
-        else [cast(value)] * batch if r is None
-        else [cast(v) for v in r]
-        for (_, value, cast), r in zip(given, rows)
-    ]
-    make = pb.SamplingParams
-    return (
-        [
-            make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos)
-            if s is None
-            else make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos, seed=s)
-            for t, k, p, m, pos, s in zip(*columns)
-        ],
-        None,
-        None,
-    )
-
-
-def _checked(request: Any, result: "SampleResult") -> "SampleResult":
-    """The result, unless the server ignored the request's row_seeds (a server older than the
-    field would sample with seeds of its own: refuse that rather than return other draws)."""
-    if len(request.row_seeds) and len(result.seeds) and not np.array_equal(
-        result.seeds, np.asarray(request.row_seeds, dtype=np.uint64)
-    ):
-        raise SamplerError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "expected the server to sample with the request's row_seeds, got other seeds: the "
-            "server predates row_seeds; upgrade samplerd",
-        )
-    return result
-
-
-def _logprob_options(logprobs: Union[None, int, Tuple[int, str]]) -> Optional[Any]:
-    """None, top_n, or (top_n, "raw" | "processed")."""
-    if logprobs is None:
-        return None
-    if isinstance(logprobs, tuple):
-        top_n, source = logprobs
-        return pb.LogprobOptions(top_n=int(top_n), source=_LOGPROB_SOURCES[source])
-    return pb.LogprobOptions(top_n=int(logprobs))
-
-
-class HostShmRegion:
-    """A POSIX shm object ("/dev/shm/samplerd-...") registered with the server as a region.
-
-    ``array`` is a writable numpy view of the whole object; write the next step's logits into it
-    and call :meth:`Client.sample_region`. :meth:`close` (or :meth:`Client.unregister`)
-    unregisters the region, unmaps and unlinks the object.
-    """
-
-    def __init__(self, client: "Client", name: str, key: str, mm: mmap.mmap, array: np.ndarray):
-        self.client = client
-        self.name = name
-        self.key = key
-        self._mmap: Optional[mmap.mmap] = mm
-        self.array = array
-
-    @property
-    def nbytes(self) -> int:
-        return self.array.nbytes
-
-    def close(self) -> None:
-        """Unregisters the region (errors ignored), then unmaps and unlinks the object."""
-        if self._mmap is None:
-            return
-        try:
-            self.client._unregister_rpc(self.name)
-        except SamplerError:
-            pass
-        self.client._shm.pop(self.name, None)
-        self.array = np.empty(0, dtype=self.array.dtype)
-        try:
-            self._mmap.close()
-        except BufferError:  # a caller still holds a view; the mapping goes with it
-            pass
-        self._mmap = None
-        try:
-            os.unlink("/dev/shm" + self.key)
-        except FileNotFoundError:
-            pass
-
-    def __enter__(self) -> "HostShmRegion":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-class StreamSession:
-    """One SampleStream call for a decode loop: one :meth:`step` per decode step, in order.
-
-    A step the server rejects raises :class:`SamplerError`; the session stays open. Not
-    thread-safe: one step at a time. Close it (or use it as a context manager) when done.
-    """
-
-    def __init__(self, client: "Client") -> None:
-        self._client = client
-        self._requests: "queue.Queue[Any]" = queue.Queue()
-        self._closed = False
-
-        def gen() -> Iterator[Any]:
-            while True:
-                item = self._requests.get()
-                if item is None:
-                    return
-                yield item
-
-        self._call = client._stub.SampleStream(gen())
-        self._responses = iter(self._call)
-
-    def step(self, logits: Any, **kwargs: Any) -> SampleResult:
-        """Samples one step; takes the same arguments as :meth:`Client.sample`."""
-        return self._client._send_logits(logits, self.step_request, **kwargs)
-
-    def step_request(self, request: Any) -> SampleResult:
-        """Sends a prepared samplerd.v1.SampleRequest as the next step and waits for its answer."""
-        if self._closed:
-            raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION, "stream session is closed")
-        self._requests.put(pb.SampleStreamRequest(request=request))
-        try:
-            reply = next(self._responses)
-        except grpc.RpcError as e:
-            self._closed = True
-            raise SamplerError._from_rpc(e) from None
-        except StopIteration:
-            self._closed = True
-            raise SamplerError(grpc.StatusCode.UNAVAILABLE, "stream ended by the server") from None
-        if reply.status.code != 0:
-            code = _CODES.get(reply.status.code, grpc.StatusCode.UNKNOWN)
-            raise SamplerError(code, reply.status.message)
-        return _checked(request, SampleResult._from_pb(reply.response))
-
-    def close(self) -> None:
-        """Half-closes the stream and waits for the server to end it."""
-        if self._closed:
-            return
-        self._closed = True
-        self._requests.put(None)
-        try:
-            for _ in self._responses:
-                pass
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                raise SamplerError._from_rpc(e) from None
-
-    def __enter__(self) -> "StreamSession":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class Client:
@@ -414,22 +107,15 @@ class Client:
 
     # --- sampling -------------------------------------------------------------------------------
 
+    @with_options()
     def make_request(
         self,
         logits: Any = None,
         *,
-        temperature: PerRow = 1.0,
-        top_k: PerRow = 0,
-        top_p: PerRow = 1.0,
-        min_p: PerRow = 0.0,
-        seed: Optional[PerRow] = None,
-        position: PerRow = 0,
-        logprobs: Union[None, int, Tuple[int, str]] = None,
-        request_id: str = "",
         region: Optional[Tuple[str, int, int, Tuple[int, int]]] = None,
-        joint_top_p: bool = False,
         tensor: Any = None,
         ready_event: bytes = b"",
+        **options: Any,
     ) -> Any:
         """Builds a samplerd.v1.SampleRequest (see :meth:`sample` for the arguments).
 
@@ -438,51 +124,17 @@ class Client:
         and ``ready_event`` a CUDA IPC event handle the server waits for. Torch tensors given as
         ``logits`` here are copied to the host (:meth:`sample` sends CUDA tensors by GPU IPC).
         """
-        if tensor is not None:
-            batch, vocab = int(tensor.shape[0]), int(tensor.shape[1])
-        elif region is not None:
-            name, offset, dtype, (batch, vocab) = region
-            tensor = pb.Tensor(
-                dtype=dtype,
-                shape=[batch, vocab],
-                region=pb.RegionSlice(region=name, offset=int(offset)),
-            )
-        else:
-            dtype, (batch, vocab), data = _tensor_bytes(logits)
-            tensor = pb.Tensor(dtype=dtype, shape=[batch, vocab], inline_data=data)
-        params, row_seeds, row_positions = _params(
-            batch, temperature, top_k, top_p, min_p, seed, position
-        )
-        if joint_top_p:
-            for p in params:
-                p.top_p_mode = pb.TOP_P_MODE_JOINT
-        request = pb.SampleRequest(request_id=request_id, logits=tensor, params=params)
-        if row_seeds is not None:
-            request.row_seeds.extend(row_seeds)
-        if row_positions is not None:
-            request.row_positions.extend(row_positions)
-        if ready_event:
-            request.ready_event = bytes(ready_event)
-        options = _logprob_options(logprobs)
-        if options is not None:
-            request.logprobs.CopyFrom(options)
-        return request
+        sample_options = SampleOptions(**options)
+        if tensor is None:
+            tensor = _region_tensor(*region) if region is not None else _inline_tensor(logits)
+        return sample_options.request(tensor, ready_event)
 
-    def sample(
-        self,
-        logits: Any,
-        temperature: PerRow = 1.0,
-        top_k: PerRow = 0,
-        top_p: PerRow = 1.0,
-        min_p: PerRow = 0.0,
-        seed: Optional[PerRow] = None,
-        position: PerRow = 0,
-        logprobs: Union[None, int, Tuple[int, str]] = None,
-        request_id: str = "",
-        *,
-        joint_top_p: bool = False,
-    ) -> SampleResult:
+    @with_options(positional=True)
+    def sample(self, logits: Any, *args: Any, **options: Any) -> SampleResult:
         """Samples one token per row of ``logits`` (sent inline, or by GPU IPC for CUDA tensors).
+
+        The options after ``logits`` are SampleOptions' fields (_options.py): by keyword, or by
+        position in this order (joint_top_p by keyword only).
 
         Args:
             logits: [B, V] (or [V]) numpy float32/float16 array, or a torch tensor (float32,
@@ -498,26 +150,15 @@ class Client:
         Raises:
             SamplerError: the server's code (INVALID_ARGUMENT, UNAVAILABLE, ...) and message.
         """
-        return self._send_logits(
-            logits,
-            self.sample_request,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            seed=seed,
-            position=position,
-            logprobs=logprobs,
-            request_id=request_id,
-            joint_top_p=joint_top_p,
-        )
+        options = SampleOptions._of(args, options)
+        return self._send_logits(logits, self.sample_request, options)
 
-    def _send_logits(self, logits: Any, send: Any, **kwargs: Any) -> SampleResult:
+    def _send_logits(self, logits: Any, send: Any, options: SampleOptions) -> SampleResult:
         """Builds the request for ``logits`` (by GPU IPC for CUDA tensors), ``send``s it (a
         unary call or a stream step) and gives the tensor's lease back after the reply."""
         tensor, ready, lease = self._logits_tensor(logits)
         try:
-            return send(self.make_request(tensor=tensor, ready_event=ready, **kwargs))
+            return send(options.request(tensor, ready))
         finally:
             if lease is not None:
                 lease.release()
@@ -533,8 +174,7 @@ class Client:
                 if e.code not in self._IPC_REFUSALS:
                     raise
                 self._ipc_refused(f"the server refused the region: {e}")
-        dtype, (batch, vocab), data = _tensor_bytes(logits)
-        return pb.Tensor(dtype=dtype, shape=[batch, vocab], inline_data=data), b"", None
+        return _inline_tensor(logits), b"", None
 
     def _ipc_refused(self, reason: str) -> None:
         if self.cuda_ipc == "always":
@@ -593,54 +233,16 @@ class Client:
         key defaults to "/samplerd-<name>-<pid>". The object lives until the region is closed,
         unregistered, or the client closed. Host shm works over the server's unix socket.
         """
-        if isinstance(array, (int, np.integer)):
-            src = np.zeros(int(array), dtype=np.uint8)
-        else:
-            src = np.ascontiguousarray(array)
-        nbytes = src.nbytes
-        if nbytes == 0:
-            raise ValueError("register_host_shm: expected a non-empty array")
-        key = key or f"{SHM_PREFIX}{name}-{os.getpid()}"
-        if not key.startswith(SHM_PREFIX) or "/" in key[1:] or ".." in key:
-            raise ValueError(f"register_host_shm: expected a key '{SHM_PREFIX}NAME', got {key!r}")
-        path = "/dev/shm" + key
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, nbytes)
-            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
-        view = np.frombuffer(mm, dtype=src.dtype).reshape(src.shape)
-        view[...] = src
-        region = HostShmRegion(self, name, key, mm, view)
-        request = pb.RegisterRegionRequest(
-            name=name, host_shm=pb.HostShmRegion(key=key, offset=0, byte_size=nbytes)
-        )
-        try:
-            self._call(self._stub.RegisterRegion, request)
-        except SamplerError:
-            region._mmap = None
-            del view
-            try:
-                mm.close()
-            except BufferError:
-                pass
-            os.unlink(path)
-            raise
-        with self._lock:
-            self._shm[name] = region
-        return region
+        return HostShmRegion._register(self, name, array, key)
 
+    @with_options()
     def sample_region(
         self,
         region: Union[HostShmRegion, str],
         shape: Optional[Tuple[int, int]] = None,
         dtype: Any = None,
         offset: int = 0,
-        **kwargs: Any,
+        **options: Any,
     ) -> SampleResult:
         """Samples logits that lie in a registered region, at byte ``offset``.
 
@@ -656,10 +258,10 @@ class Client:
             name = region
         if shape is None or dtype is None:
             raise ValueError("sample_region: shape and dtype are required for a region name")
-        enum = dtype if isinstance(dtype, int) else _DTYPES.get(np.dtype(dtype))
+        enum = _region_dtype(dtype)
         if enum is None:
             raise TypeError(f"sample_region: expected float32 or float16, got {dtype}")
-        request = self.make_request(region=(name, offset, enum, tuple(shape)), **kwargs)
+        request = self.make_request(region=(name, offset, enum, tuple(shape)), **options)
         return self.sample_request(request)
 
     def _unregister_rpc(self, name: str) -> None:

@@ -64,7 +64,7 @@ from typing import Any, Dict, Optional, Tuple
 import grpc
 
 from . import _session_layout as lay
-from ._client import SamplerError
+from ._errors import SamplerError
 from ._session_gpu import _TorchGpuPlane
 from ._session_host import _NumpyHostPlane, _TorchHostPlane
 from ._session_params import _DTYPES, _LOGPROB_SOURCES, _dtype_name, _top_p_mode

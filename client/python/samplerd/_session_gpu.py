@@ -13,9 +13,11 @@ import grpc
 import numpy as np
 
 from . import _session_layout as lay
-from ._client import SHM_PREFIX, SamplerError, pb
 from ._cuda import REGION_PREFIX, IpcUnavailable, SharedStorage
 from ._cuda import _SERIAL as _CUDA_SERIAL
+from ._errors import SamplerError
+from ._host_shm import SHM_PREFIX
+from ._pb import pb
 from ._session_params import _DTYPES
 from ._session_shm import _SERIAL, _store_abort
 from ._session_torch import _param_views, _pin, _torch_views, _TorchSteps, _unpin

@@ -16,7 +16,9 @@ import grpc
 import numpy as np
 
 from . import _session_layout as lay
-from ._client import SamplerError, _is_torch_tensor, pb
+from ._encoding import _is_torch_tensor
+from ._errors import SamplerError
+from ._pb import pb
 from ._session_params import _DTYPES, _FIELDS, _fill_np
 from ._session_shm import _W_BATCH, _W_DONE, _W_DOORBELL, _W_STEP_STATUS, _Atomics, _ShmBuffers
 from ._session_torch import _param_views, _pin, _torch_views, _TorchSteps, _unpin

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import _session_layout as lay
-from ._client import pb
+from ._pb import pb
 
 # name -> (DType enum, bytes per element, numpy dtype of the logits buffer). A numpy bfloat16
 # session's logits buffer holds the raw bf16 bits (uint16).

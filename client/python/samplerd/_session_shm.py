@@ -17,7 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _session_layout as lay
-from ._client import SHM_PREFIX
+from ._host_shm import SHM_PREFIX
 from ._session_params import _FIELDS
 
 #: Numbers this process's session shm objects (the buffers here and the GPU plane's control shm).

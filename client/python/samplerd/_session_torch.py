@@ -13,7 +13,8 @@ import grpc
 import numpy as np
 
 from . import _session_layout as lay
-from ._client import SamplerError, _is_torch_tensor
+from ._encoding import _is_torch_tensor
+from ._errors import SamplerError
 
 
 class _TorchSteps:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional
 import grpc
 
 from . import _session_layout as lay
-from ._client import SamplerError, pb
+from ._errors import SamplerError
+from ._pb import pb
 
 
 def _aborted(reason: str) -> SamplerError:

@@ -1,0 +1,183 @@
+"""The sampling options of a request, defined once: SampleOptions.
+
+Every way to sample takes the same options: Client.sample (by keyword, or by position in field
+order but joint_top_p), Client.make_request, Client.sample_region and StreamSession.step. Each
+takes them as ``**options`` into a SampleOptions, so the names, defaults and checks are the
+fields below and nothing else; ``with_options`` writes them into each method's signature, for
+help() and inspect. SampleOptions.request builds the samplerd.v1.SampleRequest of a tensor.
+
+Adding an option: a field at the end, keyword-only (``metadata=_KEYWORD_ONLY``: sample()'s
+positional order stays as it is), its encoding in request(), and a line in Client.sample's
+docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
+
+import numpy as np
+
+from ._pb import pb
+
+#: A per-row parameter: one value for every row, or a sequence / array of B values.
+PerRow = Union[float, int, Sequence[Any], np.ndarray]
+#: None, top_n, or (top_n, "raw" | "processed").
+Logprobs = Union[None, int, Tuple[int, str]]
+
+_LOGPROB_SOURCES = {
+    "raw": pb.LOGPROB_SOURCE_RAW,
+    "processed": pb.LOGPROB_SOURCE_PROCESSED,
+}
+#: Field metadata of the options that Client.sample takes by keyword only (the last fields).
+_KEYWORD_ONLY = {"keyword_only": True}
+
+
+@dataclass(eq=False)
+class SampleOptions:
+    """The options of one request (made per call, never kept); Client.sample says what each
+    means."""
+
+    temperature: PerRow = 1.0
+    top_k: PerRow = 0
+    top_p: PerRow = 1.0
+    min_p: PerRow = 0.0
+    seed: Optional[PerRow] = None
+    position: PerRow = 0
+    logprobs: Logprobs = None
+    request_id: str = ""
+    joint_top_p: bool = field(default=False, metadata=_KEYWORD_ONLY)
+
+    @classmethod
+    def _of(cls, args: Tuple[Any, ...], kwargs: Any) -> "SampleOptions":
+        """The options of Client.sample's ``*args, **kwargs`` (those after ``logits``)."""
+        if len(args) > _N_POSITIONAL:
+            raise TypeError(
+                f"sample() takes at most {_N_POSITIONAL} sampling options by position, "
+                f"got {len(args)}"
+            )
+        return cls(*args, **kwargs)
+
+    def request(self, tensor: Any, ready_event: bytes = b"") -> Any:
+        """The samplerd.v1.SampleRequest of ``tensor`` (a samplerd.v1.Tensor [B, V]) with these
+        options; ``ready_event`` is a CUDA IPC event handle the server waits for before reading.
+        Raises ValueError for a per-row option with neither one nor B values, KeyError for an
+        unknown logprob source."""
+        params, row_seeds, row_positions = self._params(int(tensor.shape[0]))
+        if self.joint_top_p:
+            for p in params:
+                p.top_p_mode = pb.TOP_P_MODE_JOINT
+        request = pb.SampleRequest(request_id=self.request_id, logits=tensor, params=params)
+        if row_seeds is not None:
+            request.row_seeds.extend(row_seeds)
+        if row_positions is not None:
+            request.row_positions.extend(row_positions)
+        if ready_event:
+            request.ready_event = bytes(ready_event)
+        options = self._logprob_options()
+        if options is not None:
+            request.logprobs.CopyFrom(options)
+        return request
+
+    def _params(self, batch: int) -> Tuple[List[Any], Optional[List[int]], Optional[List[int]]]:
+        """(params, row_seeds, row_positions) of a request.
+
+        One SamplingParams when the filters (temperature, top_k, top_p, min_p) are scalars;
+        per-row seeds and positions then travel as the request's packed row_seeds /
+        row_positions (a decode loop's usual case, and far cheaper than B messages). Per-row
+        filters give B SamplingParams.
+        """
+        seed, position = self.seed, self.position
+        filters = (
+            ("temperature", self.temperature, float),
+            ("top_k", self.top_k, int),
+            ("top_p", self.top_p, float),
+            ("min_p", self.min_p, float),
+        )
+        filter_rows = [_per_row(name, value, batch) for name, value, _ in filters]
+        seed_rows = _per_row("seed", seed, batch)
+        position_rows = _per_row("position", position, batch)
+        if all(r is None for r in filter_rows):
+            kw = {name: cast(value) for name, value, cast in filters}
+            if seed_rows is None and seed is not None:
+                kw["seed"] = int(seed)
+            if position_rows is None:
+                kw["position"] = int(position)
+            return (
+                [pb.SamplingParams(**kw)],
+                None if seed_rows is None else [int(v) for v in seed_rows],
+                None if position_rows is None else [int(v) for v in position_rows],
+            )
+        given = filters + (("position", position, int), ("seed", seed, int))
+        rows = filter_rows + [position_rows, seed_rows]
+        columns = [
+            [None] * batch if value is None and r is None
+            else [cast(value)] * batch if r is None
+            else [cast(v) for v in r]
+            for (_, value, cast), r in zip(given, rows)
+        ]
+        make = pb.SamplingParams
+        return (
+            [
+                make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos)
+                if s is None
+                else make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos, seed=s)
+                for t, k, p, m, pos, s in zip(*columns)
+            ],
+            None,
+            None,
+        )
+
+    def _logprob_options(self) -> Optional[Any]:
+        """The request's LogprobOptions, or None when no logprobs were asked for."""
+        logprobs = self.logprobs
+        if logprobs is None:
+            return None
+        if isinstance(logprobs, tuple):
+            top_n, source = logprobs
+            return pb.LogprobOptions(top_n=int(top_n), source=_LOGPROB_SOURCES[source])
+        return pb.LogprobOptions(top_n=int(logprobs))
+
+
+_FIELDS = dataclasses.fields(SampleOptions)
+_N_POSITIONAL = sum(1 for f in _FIELDS if not f.metadata.get("keyword_only"))
+assert all(f.metadata.get("keyword_only") for f in _FIELDS[_N_POSITIONAL:]), "keyword-only last"
+
+
+def _per_row(name: str, value: Any, batch: int) -> Optional[list]:
+    """None for a scalar (or None), else a list of B values."""
+    if value is None or np.isscalar(value):
+        return None
+    values = list(np.asarray(value).reshape(-1).tolist())
+    if len(values) != batch:
+        raise ValueError(f"{name}: expected a scalar or {batch} values, got {len(values)}")
+    return values
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def with_options(positional: bool = False) -> Callable[[_Method], _Method]:
+    """Decorates a method that takes the sampling options as ``**options`` (with
+    ``positional``, also as ``*args``, in field order): its signature, as help() and inspect
+    show it, lists SampleOptions' fields in place of those, after the method's own positional
+    parameters. Calls are unchanged (SampleOptions checks the names)."""
+    kinds = inspect.Parameter
+
+    def option(f: "dataclasses.Field[Any]") -> inspect.Parameter:
+        by_position = positional and not f.metadata.get("keyword_only")
+        kind = kinds.POSITIONAL_OR_KEYWORD if by_position else kinds.KEYWORD_ONLY
+        return inspect.Parameter(f.name, kind, default=f.default, annotation=f.type)
+
+    def decorate(method: _Method) -> _Method:
+        signature = inspect.signature(method)
+        own = [p for p in signature.parameters.values()
+               if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)]
+        cut = next((i for i, p in enumerate(own) if p.kind == kinds.KEYWORD_ONLY), len(own))
+        parameters = own[:cut] + [option(f) for f in _FIELDS] + own[cut:]
+        method.__signature__ = signature.replace(parameters=parameters)  # type: ignore
+        return method
+
+    return decorate
