@@ -68,9 +68,6 @@ step_go-client() {
   SAMPLERD_BIN="${SAMPLERD_BIN}" timeout 600 client/go/test.sh
 }
 
-# Returns 0 when the build is there to test, else SKIP after a failed build step, else 1.
-readonly SKIP=77
-BUILD_FAILED=0
 # Both GPU backends compile (issue #3), so that neither path rots on machines without a GPU:
 # build/cuda with nvcc (when installed; sm_90 + sm_80), whose ctest must pass on the CPU here, and
 # build/hip with Debian's hipcc (installed when missing; gfx90a wave64 + gfx1030 wave32, -Werror),
@@ -124,10 +121,13 @@ install_hipcc() {
         --no-install-recommends "${missing[@]}" >/dev/null; }
 }
 
+# Set by on_step_failure (below) when the build step fails.
+BUILD_FAILED=0
+# Returns 0 when the build is there to test, else SKIP after a failed build step, else 1.
 needs_build() {
   if ((BUILD_FAILED)); then
     echo "skipped: the build failed"
-    return "${SKIP}"
+    return "${SAMPLERD_SKIP}"
   fi
   [[ -x "${SAMPLERD_BIN}" ]] && return 0
   echo "no build at ${SAMPLERD_BUILD#"${SAMPLERD_ROOT}"/} (run the build step first)"
@@ -149,44 +149,18 @@ step_deploy() {
   SAMPLERD_BIN="${SAMPLERD_BIN}" tests/deploy/check.sh
 }
 
+# The step runner (lib.sh) calls this when a step fails; non-zero stops the run.
+on_step_failure() {
+  case "$1" in
+    deps) return 1 ;;  # without the dependencies nothing after can run
+    build) BUILD_FAILED=1 ;;
+  esac
+  return 0
+}
+
 main() {
-  local -a steps=("$@")
   if [[ "${1:-}" == --list ]]; then printf '%s\n' "${ALL_STEPS[@]}"; return 0; fi
-  ((${#steps[@]})) || steps=("${ALL_STEPS[@]}")
-  local s
-  for s in "${steps[@]}"; do
-    declare -F "step_${s}" >/dev/null || samplerd::die "unknown step '${s}' (--list shows them)"
-  done
-
-  local -a results=()
-  local passed=0 failed=0 skipped=0 start rc
-  for s in "${steps[@]}"; do
-    echo
-    echo "=== ${s}"
-    start=${SECONDS}
-    "step_${s}"
-    rc=$?
-    if ((rc == 0)); then
-      results+=("$(printf 'PASS  %-12s %4ss' "${s}" $((SECONDS - start)))")
-      passed=$((passed + 1))
-    elif ((rc == SKIP)); then
-      results+=("$(printf 'SKIP  %-12s' "${s}")")
-      skipped=$((skipped + 1))
-    else
-      results+=("$(printf 'FAIL  %-12s %4ss  (exit %s)' "${s}" $((SECONDS - start)) "${rc}")")
-      failed=$((failed + 1))
-      # Without the dependencies nothing after can run.
-      [[ "${s}" == deps ]] && break
-      [[ "${s}" == build ]] && BUILD_FAILED=1
-    fi
-  done
-
-  echo
-  echo "=== summary"
-  printf '  %s\n' "${results[@]}"
-  skipped=$((${#steps[@]} - passed - failed))  # run, or never reached
-  echo "steps: ${passed} passed, ${failed} failed$( ((skipped)) && echo ", ${skipped} skipped")"
-  ((failed == 0))
+  if (($#)); then samplerd::run_steps test "$@"; else samplerd::run_steps test "${ALL_STEPS[@]}"; fi
 }
 
 main "$@"

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "service/core/cpu_backend.h"
 #include "service/core/sampler_core.h"
+#include "tests/core/test_util.h"
 
 namespace samplerd::core {
 namespace {
@@ -176,15 +176,7 @@ TEST(SamplerCoreDevice, RefusesARequestForAnotherDevice) {
   EXPECT_FALSE(called);
 
   r.device = "cpu";
-  absl::Notification done;
-  absl::StatusOr<SampleResult> got;
-  ASSERT_TRUE(core.SampleAsync(r,
-                               [&](absl::StatusOr<SampleResult> res) {
-                                 got = std::move(res);
-                                 done.Notify();
-                               })
-                  .ok());
-  done.WaitForNotification();
+  const absl::StatusOr<SampleResult> got = SampleAndWait(core, r);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->token_ids.size(), 1u);
 }

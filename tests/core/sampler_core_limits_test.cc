@@ -13,6 +13,7 @@
 #include "service/core/sampler_core.h"
 #include "service/metrics/registry.h"
 #include "service/metrics/sampler_metrics.h"
+#include "tests/core/test_util.h"
 
 namespace samplerd::core {
 namespace {
@@ -37,18 +38,6 @@ class HeldSampler : public Sampler {
   absl::Notification* entered_ = nullptr;
   int calls_ = 0;  // read by the test after the executor has finished with it
   DeviceInfo device_{0, "", "held", "Held", false, false};
-};
-
-// Collects one request's answer.
-struct Answer {
-  absl::Notification done;
-  absl::StatusOr<SampleResult> result;
-  SamplerCore::Callback Callback() {
-    return [this](absl::StatusOr<SampleResult> r) {
-      result = std::move(r);
-      done.Notify();
-    };
-  }
 };
 
 class CoreLimits : public ::testing::Test {

@@ -17,6 +17,7 @@
 #include "service/core/sampler_core.h"
 #include "tests/core/fake_gpu_ipc.h"
 #include "tests/core/shm_test_util.h"
+#include "tests/core/test_util.h"
 
 namespace samplerd::core {
 namespace {
@@ -105,17 +106,7 @@ class CoreWithRegions : public ::testing::Test {
     core_ = std::make_unique<SamplerCore>(options, std::move(sampler), /*seed_start=*/1);
   }
 
-  absl::StatusOr<SampleResult> Run(SampleRequest r) {
-    absl::Notification done;
-    absl::StatusOr<SampleResult> out;
-    absl::Status queued = core_->SampleAsync(std::move(r), [&](absl::StatusOr<SampleResult> res) {
-      out = std::move(res);
-      done.Notify();
-    });
-    if (!queued.ok()) return queued;
-    done.WaitForNotification();
-    return out;
-  }
+  absl::StatusOr<SampleResult> Run(SampleRequest r) { return SampleAndWait(*core_, std::move(r)); }
 
   FakeGpuIpc* ipc_ = nullptr;
   RecordingSampler* sampler_ = nullptr;
@@ -226,24 +217,18 @@ TEST_F(CoreWithRegions, UnregisterInFlightKeepsTheMappingUntilTheRequestEnds) {
   absl::StatusOr<SampleResult> expected = Run(FromRegion("r", 0, 2, 500));
   ASSERT_TRUE(expected.ok());
 
-  absl::Notification entered, hold, done;
+  absl::Notification entered, hold;
   sampler_->entered_ = &entered;
   sampler_->hold_ = &hold;
-  absl::StatusOr<SampleResult> in_flight;
-  ASSERT_TRUE(core_
-                  ->SampleAsync(FromRegion("r", 0, 2, 500),
-                                [&](absl::StatusOr<SampleResult> r) {
-                                  in_flight = std::move(r);
-                                  done.Notify();
-                                })
-                  .ok());
+  Answer in_flight;
+  ASSERT_TRUE(core_->SampleAsync(FromRegion("r", 0, 2, 500), in_flight.Callback()).ok());
   entered.WaitForNotification();
   ASSERT_TRUE(core_->regions().Unregister("r").ok());
   EXPECT_EQ(Run(FromRegion("r", 0, 2, 500)).status().code(), absl::StatusCode::kNotFound);
   hold.Notify();  // the held request now reads the (still mapped) region
-  done.WaitForNotification();
-  ASSERT_TRUE(in_flight.ok()) << in_flight.status();
-  EXPECT_EQ(in_flight->token_ids, expected->token_ids);
+  in_flight.done.WaitForNotification();
+  ASSERT_TRUE(in_flight.result.ok()) << in_flight.result.status();
+  EXPECT_EQ(in_flight.result->token_ids, expected->token_ids);
 }
 
 TEST_F(CoreWithRegions, InfoReportsNoIpcWithoutAGpuIpc) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/synchronization/notification.h"
+#include "tests/core/test_util.h"
 
 namespace samplerd::core {
 namespace {
@@ -66,18 +67,7 @@ class SamplerCoreTest : public ::testing::Test {
     return r;
   }
 
-  // Submits and waits for the callback.
-  absl::StatusOr<SampleResult> Run(SampleRequest r) {
-    absl::Notification done;
-    absl::StatusOr<SampleResult> out;
-    absl::Status queued = core_->SampleAsync(std::move(r), [&](absl::StatusOr<SampleResult> res) {
-      out = std::move(res);
-      done.Notify();
-    });
-    if (!queued.ok()) return queued;
-    done.WaitForNotification();
-    return out;
-  }
+  absl::StatusOr<SampleResult> Run(SampleRequest r) { return SampleAndWait(*core_, std::move(r)); }
 
   FakeSampler* sampler_;
   std::atomic<int> fatal_calls_{0};
@@ -144,29 +134,16 @@ TEST_F(SamplerCoreTest, StickyFaultCallsOnFatalOnceAndRefusesLaterWork) {
   absl::Notification hold;
   sampler_->hold_ = &hold;
   // Two requests queued behind each other: the first faults the backend.
-  absl::StatusOr<SampleResult> first, second;
-  absl::Notification first_done, second_done;
-  ASSERT_TRUE(core_
-                  ->SampleAsync(Request(),
-                                [&](absl::StatusOr<SampleResult> r) {
-                                  first = std::move(r);
-                                  first_done.Notify();
-                                })
-                  .ok());
-  ASSERT_TRUE(core_
-                  ->SampleAsync(Request(),
-                                [&](absl::StatusOr<SampleResult> r) {
-                                  second = std::move(r);
-                                  second_done.Notify();
-                                })
-                  .ok());
+  Answer first, second;
+  ASSERT_TRUE(core_->SampleAsync(Request(), first.Callback()).ok());
+  ASSERT_TRUE(core_->SampleAsync(Request(), second.Callback()).ok());
   hold.Notify();
-  first_done.WaitForNotification();
-  second_done.WaitForNotification();  // runs after the first task, on_fatal included
+  first.done.WaitForNotification();
+  second.done.WaitForNotification();  // runs after the first task, on_fatal included
 
-  EXPECT_EQ(first.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(first.result.status().code(), absl::StatusCode::kInternal);
   // The queued request never reaches the faulted backend.
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(second.result.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(sampler_->calls_, 1);
   EXPECT_EQ(fatal_calls_.load(), 1);
   EXPECT_EQ(fatal_status_.code(), absl::StatusCode::kInternal);
@@ -187,21 +164,16 @@ TEST_F(SamplerCoreTest, StickyFaultCallsOnFatalOnceAndRefusesLaterWork) {
 TEST_F(SamplerCoreTest, DrainWaitsForInFlightThenRefusesNewWork) {
   absl::Notification hold;
   sampler_->hold_ = &hold;
-  absl::Notification done;
-  ASSERT_TRUE(core_
-                  ->SampleAsync(Request(),
-                                [&](absl::StatusOr<SampleResult> r) {
-                                  EXPECT_TRUE(r.ok());
-                                  done.Notify();
-                                })
-                  .ok());
+  Answer answer;
+  ASSERT_TRUE(core_->SampleAsync(Request(), answer.Callback()).ok());
   // The held request cannot finish: a short drain reports work left in flight.
   EXPECT_FALSE(core_->Drain(absl::Now() + absl::Milliseconds(20)));
   absl::Status refused = core_->SampleAsync(Request(), [](absl::StatusOr<SampleResult>) {});
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(refused.message()), HasSubstr("shutting down"));
   hold.Notify();
-  done.WaitForNotification();
+  answer.done.WaitForNotification();
+  EXPECT_TRUE(answer.result.ok()) << answer.result.status();
   EXPECT_TRUE(core_->Drain(absl::Now() + absl::Seconds(10)));
 }
 

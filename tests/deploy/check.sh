@@ -17,14 +17,13 @@
 # Needs: kubectl (on the base image), node and npm, /usr/bin/python3 with python3-yaml.
 # Environment: SAMPLERD_BIN (default build/default/service/samplerd) for the last two steps.
 set -uo pipefail
+# shellcheck source=deploy/local/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../deploy/local/lib.sh"
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-readonly ROOT
+readonly ROOT="${SAMPLERD_ROOT}"
 readonly HERE="${ROOT}/tests/deploy"
 readonly TOOLS="${ROOT}/.tools/deploy-check"
 readonly OVERLAYS="${ROOT}/deploy/k8s/overlays"
-readonly SKIP=77
-SAMPLERD_BIN="${SAMPLERD_BIN:-${ROOT}/build/default/service/samplerd}"
 WORK="$(mktemp -d)"
 readonly WORK
 SERVER_PID=""
@@ -101,7 +100,7 @@ EOF
 needs() {  # needs DIR-OR-FILE WHAT: SKIP when an earlier step left nothing to check
   [[ -e "$1" ]] && return 0
   echo "skipped: no $2 (an earlier step failed)"
-  return "${SKIP}"
+  return "${SAMPLERD_SKIP}"
 }
 
 step_schemas() {
@@ -133,7 +132,7 @@ print(s.getsockname()[1])'
 step_probe() {
   if [[ ! -x "${SAMPLERD_BIN}" ]]; then
     echo "skipped: no samplerd at ${SAMPLERD_BIN#"${ROOT}"/} (build it first)"
-    return "${SKIP}"
+    return "${SAMPLERD_SKIP}"
   fi
   local probe="${ROOT}/deploy/docker/grpc-health-probe.sh" port
   port="$(free_port)" || return
@@ -185,7 +184,7 @@ step_probe() {
 step_packages() {
   if [[ ! -x "${SAMPLERD_BIN}" ]]; then
     echo "skipped: no samplerd at ${SAMPLERD_BIN#"${ROOT}"/} (build it first)"
-    return "${SKIP}"
+    return "${SAMPLERD_SKIP}"
   fi
   local packages
   packages="$(bash "${ROOT}/deploy/docker/runtime-packages.sh" "${SAMPLERD_BIN}")" || return
@@ -195,32 +194,7 @@ step_packages() {
 }
 
 main() {
-  local -a steps=(tools render schemas invariants dockerfiles probe packages)
-  local -a results=()
-  local s rc start passed=0 failed=0 skipped=0
-  for s in "${steps[@]}"; do
-    echo
-    echo "=== deploy: ${s}"
-    start=${SECONDS}
-    "step_${s}"
-    rc=$?
-    if ((rc == 0)); then
-      results+=("$(printf 'PASS  %-12s %3ss' "${s}" $((SECONDS - start)))")
-      passed=$((passed + 1))
-    elif ((rc == SKIP)); then
-      results+=("SKIP  ${s}")
-      skipped=$((skipped + 1))
-    else
-      results+=("$(printf 'FAIL  %-12s %3ss' "${s}" $((SECONDS - start)))")
-      failed=$((failed + 1))
-    fi
-  done
-  echo
-  printf '  %s\n' "${results[@]}"
-  local extra=""
-  ((skipped)) && extra=", ${skipped} skipped"
-  echo "deploy: ${passed} passed, ${failed} failed${extra}"
-  ((failed == 0))
+  samplerd::run_steps deploy tools render schemas invariants dockerfiles probe packages
 }
 
 main "$@"
