@@ -32,13 +32,13 @@
  *   logits      [M, S] elements of the session's dtype, aligned to the element size.
  *   params      samplerd_params_bytes(M), aligned to 8: per-row parameters, one array per field
  *               (struct of arrays, so that an engine copies its per-field tensors as they are):
- *                 offset 0        uint64  seed[M]         Philox key of the row
- *                 offset  8*M     uint64  position[M]     Philox counter of the row
- *                 offset 16*M     float   temperature[M]  >= 0; < 1e-5 (compared in float32) = greedy
- *                 offset 20*M     int32   top_k[M]        0 or -1 = off; < -1 invalid
- *                 offset 24*M     float   top_p[M]        (0, 1]; 1 = off
- *                 offset 28*M     float   min_p[M]        [0, 1]; 0 = off
- *                 offset 32*M     int32   top_p_mode[M]   TopPMode: 0 or 1 = TOP_K_FIRST, 2 = JOINT
+ *               offset 0        uint64  seed[M]         Philox key of the row
+ *               offset  8*M     uint64  position[M]     Philox counter of the row
+ *               offset 16*M     float   temperature[M]  >= 0; < 1e-5 (compared in float32) = greedy
+ *               offset 20*M     int32   top_k[M]        0 or -1 = off; < -1 invalid
+ *               offset 24*M     float   top_p[M]        (0, 1]; 1 = off
+ *               offset 28*M     float   min_p[M]        [0, 1]; 0 = off
+ *               offset 32*M     int32   top_p_mode[M]   TopPMode: 0 or 1 = TOP_K_FIRST, 2 = JOINT
  *               The semantics are SamplingParams' (sampler.proto). There is no server-chosen
  *               seed: the engine always supplies seed and position.
  *   token_ids   int32[M], aligned to 4: the sampled token of row i, or -1.
@@ -124,7 +124,7 @@ struct samplerd_control {
 #define SAMPLERD_CONTROL_STEPS_DONE 72u
 
 /* Byte offsets of the params arrays for max_batch M, and the size of the whole buffer. */
-static inline uint64_t samplerd_params_seed_offset(uint32_t m) { (void)m; return 0; }
+static inline uint64_t samplerd_params_seed_offset(uint32_t m) { return 0ull * m; }
 static inline uint64_t samplerd_params_position_offset(uint32_t m) { return 8ull * m; }
 static inline uint64_t samplerd_params_temperature_offset(uint32_t m) { return 16ull * m; }
 static inline uint64_t samplerd_params_top_k_offset(uint32_t m) { return 20ull * m; }
