@@ -15,7 +15,7 @@ cd "${SAMPLERD_ROOT}" || exit 1
 # Steps run in this order. Each is a function step_NAME that returns non-zero on failure.
 # To add one (GPU compile checks, Python and Go client tests, ...): write step_NAME, add NAME
 # here, and list what it needs in install_deps.sh.
-readonly ALL_STEPS=(deps build ctest buf-lint buf-format shell-lint e2e python-client go-client
+readonly ALL_STEPS=(deps build ctest buf-lint format shell-lint e2e python-client go-client
   gpu_compile_checks cpp-install deploy)
 
 step_deps() { deploy/local/install_deps.sh && echo "dependencies: all present"; }
@@ -30,13 +30,61 @@ step_ctest() {
 
 step_buf-lint() { "${SAMPLERD_BUF}" lint && echo "buf lint: clean"; }
 
-# The proto is kept in `buf format` layout; -d shows the diff that would fix it.
-step_buf-format() { "${SAMPLERD_BUF}" format -d --exit-code && echo "buf format: clean"; }
+# Every source is kept formatted: C++ and HIP by clang-format (.clang-format), Go by gofmt, the
+# proto by `buf format`. Checks the files git tracks, and new ones it does not ignore (generated
+# code is ignored); prints each file that is not formatted and the command that fixes it.
+step_format() {
+  local rc=0 out
+  local -a files bad
+
+  mapfile -t files < <(source_files '*.h' '*.cc' '*.cpp' '*.hip' '*.cuh')
+  # One clang-format for all of them (~2 s); with --Werror it reports every file, then fails.
+  if out="$(clang-format --dry-run --Werror "${files[@]}" </dev/null 2>&1)"; then
+    echo "clang-format: ${#files[@]} C++/HIP files clean"
+  else
+    mapfile -t bad < <(grep -e '-Wclang-format-violations' <<<"${out}" | cut -d: -f1 | sort -u)
+    unformatted clang-format "clang-format -i" "${bad[@]}" || printf '%s\n' "${out}"
+    rc=1
+  fi
+
+  mapfile -t files < <(source_files '*.go')
+  if ! out="$(gofmt -l "${files[@]}" </dev/null 2>&1)"; then
+    printf '%s\n' "${out}"  # e.g. a syntax error
+    rc=1
+  elif [[ -n "${out}" ]]; then
+    mapfile -t bad <<<"${out}"
+    unformatted gofmt "gofmt -w" "${bad[@]}"
+    rc=1
+  else
+    echo "gofmt: ${#files[@]} Go files clean"
+  fi
+
+  # -d prints the diff that `buf format -w` would apply.
+  if "${SAMPLERD_BUF}" format -d --exit-code; then echo "buf format: clean"; else rc=1; fi
+  return "${rc}"
+}
+
+# unformatted TOOL FIX FILE...: names the files that TOOL would change and the command that
+# fixes them; returns 1 when no file is named.
+unformatted() {
+  local tool="$1" fix="$2" f
+  shift 2
+  (($#)) || return 1
+  for f in "$@"; do echo "not formatted (${tool}): ${f}"; done
+  echo "fix: ${fix} $*"
+}
+
+# source_files PATTERN...: the files git tracks, or does not ignore, that match, and exist.
+source_files() {
+  local f
+  git ls-files --cached --others --exclude-standard -- "$@" | sort -u | while IFS= read -r f; do
+    [[ -f "${f}" ]] && printf '%s\n' "${f}"
+  done
+}
 
 step_shell-lint() {
   local -a scripts
-  mapfile -t scripts < <(git ls-files --cached --others --exclude-standard \
-    '*.sh' .ci/run | sort -u)
+  mapfile -t scripts < <(source_files '*.sh' .ci/run)
   shellcheck -x --severity=warning "${scripts[@]}" &&
     echo "shellcheck: ${#scripts[@]} scripts clean"
 }
