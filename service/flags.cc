@@ -9,8 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "service/core/host_shm.h"
-#include "service/core/status_macros.h"
+#include "service/core/model/status_macros.h"
+#include "service/core/regions/host_shm.h"
 
 ABSL_FLAG(std::string, listen, "unix:///run/samplerd/samplerd.sock",
           "Comma-separated gRPC listen addresses: unix:///abs/path.sock, unix:path.sock "

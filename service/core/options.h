@@ -1,4 +1,4 @@
-// Options and limits of the core, with their defaults.
+// Options of the core, with their defaults.
 #ifndef SAMPLERD_SERVICE_CORE_OPTIONS_H_
 #define SAMPLERD_SERVICE_CORE_OPTIONS_H_
 
@@ -8,36 +8,14 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "service/core/gpu_ipc.h"
-#include "service/core/regions.h"
-#include "service/core/session/gpu_plane.h"
-#include "service/core/session/host_plane.h"
+#include "service/core/backend/select_backend.h"
+#include "service/core/model/limits.h"
+#include "service/core/regions/gpu_ipc.h"
+#include "service/core/regions/region_registry.h"
+#include "service/core/session/session_manager.h"
 #include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::core {
-
-// The largest requests the server accepts.
-struct Limits {
-  int64_t max_batch = 4096;               // rows per request
-  int64_t max_vocab = 1 << 22;            // 4,194,304 columns
-  int64_t max_message_bytes = 256 << 20;  // 256 MiB per gRPC message
-  int32_t max_top_logprobs = 64;          // LogprobOptions.top_n
-  int64_t max_request_id_bytes = 256;
-  int64_t max_stream_step_bytes = int64_t{1} << 30;  // a chunked SampleStream step, reassembled
-  // Sampling requests and stream steps admitted and not yet answered; one more is refused at
-  // once with RESOURCE_EXHAUSTED. 0: no limit.
-  int64_t max_inflight = 256;
-};
-
-enum class BackendChoice { kAuto, kCpu, kGpu };
-
-// Device sessions (SessionManager, service/core/session/session_manager.h).
-struct DeviceSessionOptions {
-  // Most sessions open at once (--max_device_sessions); one more is RESOURCE_EXHAUSTED. 0: none.
-  int32_t max_sessions = 8;
-  HostPlaneOptions host;  // --host_plane_threads, --session_spin_us
-  GpuPlaneOptions gpu;    // --session_spin_us
-};
 
 struct CoreOptions {
   BackendChoice backend = BackendChoice::kAuto;

@@ -2,22 +2,19 @@
 
 #include <algorithm>
 #include <random>
-#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "service/core/counting_gpu_ipc.h"
-#include "service/core/cpu_backend.h"
-#include "service/core/device_match.h"
-#include "service/core/mps.h"
-#include "service/core/request_io.h"
-#include "service/core/status_macros.h"
+#include "service/core/backend/device_match.h"
+#include "service/core/backend/mps.h"
+#include "service/core/model/status_macros.h"
+#include "service/core/regions/counting_gpu_ipc.h"
+#include "service/core/regions/request_io.h"
 #include "service/core/validation.h"
 
 #if SAMPLERD_HAVE_GPU
-#include "service/core/gpu_backend.h"
-#include "service/core/gpu_ipc_runtime.h"
+#include "service/core/regions/gpu_ipc_runtime.h"
 #endif
 
 namespace samplerd::core {
@@ -25,12 +22,6 @@ namespace samplerd::core {
 const char kVersion[] = "0.1.0";
 
 namespace {
-
-int ResolveThreads(int threads) {
-  if (threads > 0) return threads;
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
-}
 
 uint64_t RandomSeedStart() {
   std::random_device rd;
@@ -54,60 +45,19 @@ DeviceInfo SessionDevice(const Sampler& sampler, bool has_gpu_ipc) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SamplerCore>> SamplerCore::Create(const CoreOptions& options) {
-  if (options.threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected threads >= 0 (0 = one per core), got ", options.threads));
-  }
-  if (!options.gpu.empty() && options.backend == BackendChoice::kCpu) {
-    return absl::InvalidArgumentError(
-        "expected --gpu only with --backend=gpu or auto, got --backend=cpu");
-  }
-  if (options.backend != BackendChoice::kCpu) {
+  ASSIGN_OR_RETURN(SelectedBackend backend,
+                   SelectBackend(options.backend, options.gpu, options.threads));
+  CoreOptions core_options = options;
 #if SAMPLERD_HAVE_GPU
-    // kAuto takes the GPU whenever the runtime lists one; a listed device that then cannot be
-    // brought up is an error, not a silent (and far slower) CPU fallback.
-    std::string why;
-    std::vector<DeviceInfo> gpus = ListGpuDevices(&why);
-    if (!gpus.empty() || !options.gpu.empty()) {
-      // One backend device: --gpu's, else the first. GetServerInfo lists it first, then the
-      // others (which do not sample).
-      ASSIGN_OR_RETURN(const size_t chosen, SelectDevice(options.gpu, gpus));
-      std::rotate(gpus.begin(), gpus.begin() + static_cast<ptrdiff_t>(chosen),
-                  gpus.begin() + static_cast<ptrdiff_t>(chosen) + 1);
-      absl::StatusOr<std::unique_ptr<GpuSampler>> gpu = GpuSampler::Create(gpus.front().ordinal);
-      absl::Status status = gpu.ok() ? (*gpu)->Warmup() : gpu.status();
-      if (!status.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "expected a usable GPU for --backend=",
-            options.backend == BackendChoice::kGpu ? "gpu" : "auto", ", got: ", status.message()));
-      }
-      // GPU IPC regions and events go through the runtime unless the caller brought its own.
-      CoreOptions gpu_options = options;
-      if (gpu_options.gpu_ipc == nullptr) gpu_options.gpu_ipc = MakeRuntimeGpuIpc();
-      auto core = std::make_unique<SamplerCore>(gpu_options, *std::move(gpu), RandomSeedStart());
-      core->devices_ = std::move(gpus);
-      return core;
-    }
-    if (options.backend == BackendChoice::kGpu) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("expected a usable GPU for --backend=gpu, got: ", why));
-    }
-#else
-    if (!options.gpu.empty()) {
-      return absl::InvalidArgumentError(
-          "expected --gpu only in a build with a GPU backend (configure with -DSAMPLERD_GPU=cuda "
-          "or hip), got a CPU-only build");
-    }
-    if (options.backend == BackendChoice::kGpu) {
-      return absl::FailedPreconditionError(
-          "expected a usable GPU for --backend=gpu, got: a build without a GPU backend "
-          "(configure with -DSAMPLERD_GPU=cuda or hip); use --backend=auto or --backend=cpu");
-    }
-#endif
+  // GPU IPC regions and events go through the runtime unless the caller brought its own.
+  if (backend.sampler->kind() == BackendKind::kGpu && core_options.gpu_ipc == nullptr) {
+    core_options.gpu_ipc = MakeRuntimeGpuIpc();
   }
-  auto sampler = std::make_unique<CpuSampler>(ResolveThreads(options.threads));
-  RETURN_IF_ERROR(sampler->Warmup());
-  return std::make_unique<SamplerCore>(options, std::move(sampler), RandomSeedStart());
+#endif
+  auto core =
+      std::make_unique<SamplerCore>(core_options, std::move(backend.sampler), RandomSeedStart());
+  core->devices_ = std::move(backend.devices);
+  return core;
 }
 
 SamplerCore::SamplerCore(const CoreOptions& options, std::unique_ptr<Sampler> sampler,

@@ -15,13 +15,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "service/core/backend/sampler.h"
 #include "service/core/executor.h"
-#include "service/core/ipc_event_cache.h"
+#include "service/core/model/request.h"
 #include "service/core/options.h"
-#include "service/core/regions.h"
-#include "service/core/request.h"
-#include "service/core/request_io.h"
-#include "service/core/sampler.h"
+#include "service/core/regions/ipc_event_cache.h"
+#include "service/core/regions/region_registry.h"
+#include "service/core/regions/request_io.h"
 #include "service/core/seed_source.h"
 #include "service/core/session/session_manager.h"
 
@@ -40,10 +40,10 @@ class SamplerCore {
  public:
   using Callback = std::function<void(absl::StatusOr<SampleResult>)>;
 
-  // Brings up the backend `options.backend` asks for. kAuto picks the GPU when this build has
-  // a GPU backend and a device is present, else the CPU. A GPU backend gets the runtime's
-  // GpuIpc unless options.gpu_ipc is set. Errors: FAILED_PRECONDITION when kGpu is asked for
-  // and no GPU can be used.
+  // Brings up the backend `options.backend` asks for (SelectBackend, backend/select_backend.h).
+  // kAuto picks the GPU when this build has a GPU backend and a device is present, else the
+  // CPU. A GPU backend gets the runtime's GpuIpc unless options.gpu_ipc is set. Errors:
+  // SelectBackend's, e.g. FAILED_PRECONDITION when kGpu is asked for and no GPU can be used.
   static absl::StatusOr<std::unique_ptr<SamplerCore>> Create(const CoreOptions& options);
 
   // For tests: a core over a given backend and seed sequence.

@@ -6,8 +6,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "service/core/ipc_handle.h"
-#include "service/core/status_macros.h"
+#include "service/core/model/status_macros.h"
+#include "service/core/regions/ipc_handle.h"
 
 namespace samplerd::core {
 namespace {
@@ -109,11 +109,6 @@ absl::Status ValidateSources(const SampleRequest& request) {
 }
 
 }  // namespace
-
-int64_t InlineBytes(kernels::DType dtype, int64_t batch, int64_t vocab, int64_t row_stride) {
-  const int64_t stride = row_stride == 0 ? vocab : row_stride;
-  return ((batch - 1) * stride + vocab) * kernels::DTypeSize(dtype);
-}
 
 absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& request,
                                                      const Limits& limits,

@@ -9,25 +9,11 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "kernels/common/sampling_types.h"
-#include "service/core/options.h"
-#include "service/core/request.h"
+#include "service/core/model/limits.h"
+#include "service/core/model/request.h"
+#include "service/core/model/validated_batch.h"
 
 namespace samplerd::core {
-
-// A request that passed validation, with defaults applied: ready for a Sampler.
-struct ValidatedBatch {
-  kernels::DType dtype = kernels::DType::kFp32;
-  int64_t batch = 0;
-  int64_t vocab = 0;
-  int64_t row_stride = 0;  // elements, >= vocab
-  // One entry (broadcast) or `batch` entries. Rows without a client seed get their own
-  // server seed, so a broadcast without a seed is expanded to one entry per row.
-  std::vector<kernels::RowParams> params;
-  int32_t top_logprobs = -1;  // -1: no logprobs
-  kernels::LogprobSource logprob_source = kernels::LogprobSource::kRaw;
-  // The seed each row uses (returned to the client).
-  std::vector<uint64_t> seeds;
-};
 
 // Checks `request` against the semantics and `limits`, and returns the batch to sample.
 // `next_seed` is called once per row that needs a server-chosen seed.
@@ -38,9 +24,6 @@ struct ValidatedBatch {
 absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& request,
                                                      const Limits& limits,
                                                      absl::FunctionRef<uint64_t()> next_seed);
-
-// Bytes the inline data (or region slice) of a [batch, vocab] tensor with `row_stride` must hold.
-int64_t InlineBytes(kernels::DType dtype, int64_t batch, int64_t vocab, int64_t row_stride);
 
 }  // namespace samplerd::core
 

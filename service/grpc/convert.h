@@ -7,8 +7,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "samplerd/v1/sampler.pb.h"
-#include "service/core/regions.h"
-#include "service/core/request.h"
+#include "service/core/model/request.h"
+#include "service/core/regions/region_registry.h"
 #include "service/core/sampler_core.h"
 #include "service/core/session/session_manager.h"
 

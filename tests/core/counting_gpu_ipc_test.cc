@@ -1,6 +1,6 @@
 // CountingGpuIpc: every open through the runtime is counted by kind and result; the calls reach
 // the wrapped GpuIpc unchanged.
-#include "service/core/counting_gpu_ipc.h"
+#include "service/core/regions/counting_gpu_ipc.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // MatchDevice: requests name devices by PCI bus id or UUID (never by ordinal); a mismatch is
 // FAILED_PRECONDITION, also through SamplerCore::SampleAsync.
-#include "service/core/device_match.h"
+#include "service/core/backend/device_match.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "service/core/cpu_backend.h"
+#include "service/core/backend/cpu_sampler.h"
 #include "service/core/sampler_core.h"
 #include "tests/core/test_util.h"
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "service/core/gpu_ipc.h"
+#include "service/core/regions/gpu_ipc.h"
 
 namespace samplerd::core {
 

@@ -1,6 +1,6 @@
 // GuardedCopy: copies from a mapping whose file shrank return false instead of killing the
 // process, on any thread and any number of times; ordinary copies are plain memcpy.
-#include "service/core/guarded_copy.h"
+#include "service/core/backend/guarded_copy.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

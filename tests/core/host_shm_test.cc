@@ -1,6 +1,6 @@
 // Host shm keys and mappings: prefix and key rules, overflow-safe bounds, page-aligned maps of
 // unaligned offsets, the read-only fallback, and messages that never echo the key.
-#include "service/core/host_shm.h"
+#include "service/core/regions/host_shm.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

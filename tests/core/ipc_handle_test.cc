@@ -1,6 +1,6 @@
 // IPC handle parsing: raw 64-byte handles, PyTorch's 66-byte 'c' form, its refused 'e' form,
 // and every other length, with messages that give lengths, never bytes.
-#include "service/core/ipc_handle.h"
+#include "service/core/regions/ipc_handle.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

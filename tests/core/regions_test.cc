@@ -1,8 +1,6 @@
 // RegionRegistry: names, host shm registration and leases, GPU IPC through a fake GpuIpc (one
 // open per handle across names, refcounts, ranges against the allocation), unregister while
 // leased (deferred close off the releasing thread), CloseAll, and messages without secrets.
-#include "service/core/regions.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "service/core/regions/region_registry.h"
 #include "tests/core/fake_gpu_ipc.h"
 #include "tests/core/shm_test_util.h"
 

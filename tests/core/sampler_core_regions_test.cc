@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "service/core/cpu_backend.h"
+#include "service/core/backend/cpu_sampler.h"
 #include "service/core/sampler_core.h"
 #include "tests/core/fake_gpu_ipc.h"
 #include "tests/core/shm_test_util.h"

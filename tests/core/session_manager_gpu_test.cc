@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "service/core/mps.h"
+#include "service/core/backend/mps.h"
 #include "service/core/session/session_manager.h"
 #include "tests/core/session_manager_fixture.h"
 

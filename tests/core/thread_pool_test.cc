@@ -1,4 +1,4 @@
-#include "service/core/thread_pool.h"
+#include "service/core/backend/thread_pool.h"
 
 #include <gtest/gtest.h>
 

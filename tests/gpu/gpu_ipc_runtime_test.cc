@@ -5,7 +5,7 @@
 // Without a GPU (this machine, CI) the open calls must fail cleanly with FAILED_PRECONDITION
 // (the binary has no driver to talk to); on the GPU machine they must refuse bad handles with
 // INVALID_ARGUMENT. Neither may echo the handle.
-#include "service/core/gpu_ipc_runtime.h"
+#include "service/core/regions/gpu_ipc_runtime.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
-#include "service/core/cpu_backend.h"
+#include "service/core/backend/cpu_sampler.h"
 #include "service/grpc/server.h"
 
 namespace samplerd::grpc_transport {

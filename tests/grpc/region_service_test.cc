@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "samplerd/client.h"
 #include "samplerd/host_shm_buffer.h"
-#include "service/core/cpu_backend.h"
+#include "service/core/backend/cpu_sampler.h"
 #include "service/grpc/server.h"
 
 namespace samplerd::grpc_transport {

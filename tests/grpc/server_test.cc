@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/time/clock.h"
-#include "service/core/cpu_backend.h"
+#include "service/core/backend/cpu_sampler.h"
 
 namespace samplerd::grpc_transport {
 namespace {

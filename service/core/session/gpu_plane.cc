@@ -23,7 +23,7 @@
 #include "kernels/gpu/runtime.h"
 #include "kernels/gpu/session_step.h"
 #include "proto/samplerd/v1/device_session.h"
-#include "service/core/guarded_copy.h"
+#include "service/core/backend/guarded_copy.h"
 
 namespace samplerd::core {
 namespace {

@@ -23,7 +23,7 @@
 #include "kernels/common/sampling_types.h"
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 #include "proto/samplerd/v1/device_session.h"
-#include "service/core/guarded_copy.h"
+#include "service/core/backend/guarded_copy.h"
 
 namespace samplerd::core {
 namespace {

@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/samplerd/v1/device_session.h"
-#include "service/core/device_match.h"
-#include "service/core/status_macros.h"
+#include "service/core/backend/device_match.h"
+#include "service/core/model/status_macros.h"
 
 namespace samplerd::core {
 namespace {

@@ -21,9 +21,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "service/core/options.h"
-#include "service/core/regions.h"
-#include "service/core/sampler.h"
+#include "service/core/backend/sampler.h"
+#include "service/core/model/limits.h"
+#include "service/core/regions/region_registry.h"
+#include "service/core/session/gpu_plane.h"
+#include "service/core/session/host_plane.h"
 #include "service/core/session/plane_runner.h"
 #include "service/core/session/session_spec.h"
 
@@ -75,6 +77,14 @@ struct SessionSupport {
 // Starts a runner on a validated spec (host_plane.h, gpu_plane.h; tests inject fakes).
 using RunnerFactory = std::function<absl::StatusOr<std::unique_ptr<PlaneRunner>>(
     SessionSpec spec, PlaneRunner::FaultCallback on_fault)>;
+
+// How device sessions run: how many at once, and their planes' settings.
+struct DeviceSessionOptions {
+  // Most sessions open at once (--max_device_sessions); one more is RESOURCE_EXHAUSTED. 0: none.
+  int32_t max_sessions = 8;
+  HostPlaneOptions host;  // --host_plane_threads, --session_spin_us
+  GpuPlaneOptions gpu;    // --session_spin_us
+};
 
 // StartHostPlane for host-plane specs, StartGpuPlane for GPU-plane specs (GPU builds; in a CPU
 // build a GPU-plane spec is FAILED_PRECONDITION), with `options`.

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "kernels/common/sampling_types.h"
-#include "service/core/regions.h"
+#include "service/core/regions/region_registry.h"
 
 namespace samplerd::core {
 

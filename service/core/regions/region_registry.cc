@@ -1,0 +1,382 @@
+// RegionRegistry: a name map of registered regions, the leases requests take on them, the
+// shared (device, handle) opens of GPU IPC memory, and a closer thread for deferred closes.
+//
+// Lifetimes: a region (a RegionLease::Holder) is registered until Unregister or CloseAll; leases
+// count its users. The close of a region is *claimed* exactly once, under `mu`, by whoever sees
+// it unregistered with no lease left: Unregister closes at once, the release of a request's last
+// lease hands it to the closer thread (never closing on the request's own thread), CloseAll
+// closes what is left.
+#include "service/core/regions/region_registry.h"
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "service/core/backend/device_match.h"
+#include "service/core/model/status_macros.h"
+#include "service/core/regions/host_shm.h"
+#include "service/core/regions/ipc_handle.h"
+
+namespace samplerd::core {
+namespace regions_internal {
+
+// One opened IPC allocation, shared by every region that names (ordinal, handle).
+struct IpcKey {
+  int ordinal = 0;
+  IpcHandle handle{};
+  bool operator<(const IpcKey& o) const {
+    return std::tie(ordinal, handle) < std::tie(o.ordinal, o.handle);
+  }
+};
+
+struct IpcOpen {
+  IpcMapping mapping;
+  int64_t regions = 0;
+};
+
+}  // namespace regions_internal
+
+namespace {
+
+using regions_internal::IpcKey;
+using regions_internal::IpcOpen;
+
+constexpr size_t kMaxNameBytes = 128;
+
+// Names are echoed in messages only once they pass this check (safe characters, short).
+absl::Status ValidateName(absl::string_view name) {
+  constexpr char kExpected[] = "expected a region name of 1 to 128 characters [A-Za-z0-9._-], got ";
+  if (name.empty() || name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(kExpected, name.size(), " characters"));
+  }
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return absl::InvalidArgumentError(absl::StrCat(kExpected, "a name with other characters"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NotRegistered(absl::string_view name) {
+  return absl::NotFoundError(absl::StrCat("expected a registered region, got \"", name,
+                                          "\", which is not (ListRegions lists them)"));
+}
+
+absl::Status Taken(absl::string_view name) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("expected a new region name, got \"", name, "\", which is registered already"));
+}
+
+}  // namespace
+
+struct RegionLease::Holder {
+  std::shared_ptr<RegionRegistry::State> state;
+  RegionInfo info;
+  RegionView view;     // the whole region
+  HostShmMapping shm;  // kHostShm
+  IpcKey ipc;          // kGpuIpc
+  // Guarded by state->mu.
+  int64_t leases = 0;
+  bool registered = true;
+  bool close_claimed = false;
+};
+
+struct RegionRegistry::State {
+  using Holder = RegionLease::Holder;
+
+  State(RegionOptions o, GpuIpc* i, std::vector<IpcDevice> d)
+      : options(std::move(o)), ipc(i), devices(std::move(d)) {}
+
+  // Starts the closer thread unless it runs (mu held).
+  void EnsureCloserLocked() {
+    if (closer.joinable()) return;
+    closer = std::thread([this, generation = closer_generation] { CloserLoop(generation); });
+  }
+
+  // Closes queued regions until CloseAll moves past `generation` and the queue is empty.
+  void CloserLoop(uint64_t generation) {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      closer_cv.wait(lock, [&] { return !to_close.empty() || closer_generation != generation; });
+      if (to_close.empty()) return;
+      std::shared_ptr<Holder> holder = std::move(to_close.front());
+      to_close.pop_front();
+      lock.unlock();
+      Close(*holder);
+      holder.reset();
+      lock.lock();
+    }
+  }
+
+  // Releases what `holder` maps; its close must have been claimed. Not under `mu`.
+  void Close(const Holder& holder) {
+    if (holder.info.kind == RegionKind::kHostShm) {
+      UnmapHostShm(holder.shm);
+    } else {
+      ReleaseIpc(holder.ipc);
+    }
+  }
+
+  // Opens `key` or takes another reference on its existing open.
+  absl::StatusOr<IpcMapping> RetainIpc(const IpcKey& key) {
+    std::lock_guard<std::mutex> lock(ipc_mu);
+    auto it = opens.find(key);
+    if (it != opens.end()) {
+      ++it->second.regions;
+      return it->second.mapping;
+    }
+    ASSIGN_OR_RETURN(IpcMapping mapping, ipc->OpenMemory(key.ordinal, key.handle));
+    opens.emplace(key, IpcOpen{mapping, 1});
+    return mapping;
+  }
+
+  // Drops a reference; the last one closes the allocation (under ipc_mu, so that a concurrent
+  // registration of the same handle opens it afresh only after the close).
+  void ReleaseIpc(const IpcKey& key) {
+    std::lock_guard<std::mutex> lock(ipc_mu);
+    auto it = opens.find(key);
+    if (it == opens.end() || --it->second.regions > 0) return;
+    ipc->CloseMemory(key.ordinal, it->second.mapping);
+    opens.erase(it);
+  }
+
+  const RegionOptions options;
+  GpuIpc* const ipc;
+  const std::vector<IpcDevice> devices;
+
+  std::mutex mu;  // guards the members up to ipc_mu, and every Holder's counters
+  std::map<std::string, std::shared_ptr<Holder>> registered;  // by name, sorted
+  std::set<std::shared_ptr<Holder>> retired;                  // unregistered, still leased
+  std::deque<std::shared_ptr<Holder>> to_close;               // claimed, for the closer
+  std::condition_variable closer_cv;
+  std::thread closer;
+  uint64_t closer_generation = 0;  // CloseAll increments it to stop the running closer
+
+  std::mutex ipc_mu;  // held across OpenMemory/CloseMemory: one open per (ordinal, handle)
+  std::map<IpcKey, IpcOpen> opens;
+};
+
+// ---- RegionLease -------------------------------------------------------------------------------
+
+RegionLease::RegionLease(std::shared_ptr<Holder> holder, RegionView view)
+    : holder_(std::move(holder)), view_(view) {}
+
+RegionLease::RegionLease(RegionLease&& other) noexcept
+    : holder_(std::move(other.holder_)), view_(other.view_) {
+  other.view_ = RegionView();
+}
+
+RegionLease& RegionLease::operator=(RegionLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    holder_ = std::move(other.holder_);
+    view_ = other.view_;
+    other.view_ = RegionView();
+  }
+  return *this;
+}
+
+RegionLease::~RegionLease() { Release(); }
+
+void RegionLease::Release() {
+  view_ = RegionView();
+  if (holder_ == nullptr) return;
+  std::shared_ptr<Holder> holder = std::move(holder_);
+  RegionRegistry::State& state = *holder->state;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (--holder->leases > 0 || holder->registered || holder->close_claimed) return;
+    holder->close_claimed = true;
+    state.retired.erase(holder);
+    if (state.closer.joinable()) {
+      // The common case: this runs at the end of a request; the closer unmaps off its path.
+      state.to_close.push_back(holder);
+      state.closer_cv.notify_one();
+      return;
+    }
+  }
+  state.Close(*holder);  // no closer (CloseAll ran): nothing else would close it
+}
+
+// ---- RegionRegistry ----------------------------------------------------------------------------
+
+RegionRegistry::RegionRegistry(RegionOptions options, GpuIpc* ipc, std::vector<IpcDevice> devices)
+    : state_(std::make_shared<State>(std::move(options), ipc, std::move(devices))) {}
+
+RegionRegistry::~RegionRegistry() { CloseAll(); }
+
+absl::Status RegionRegistry::Insert(std::shared_ptr<RegionLease::Holder> holder) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  const std::string& name = holder->info.name;
+  if (!state_->registered.emplace(name, holder).second) return Taken(name);
+  state_->EnsureCloserLocked();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionInfo> RegionRegistry::RegisterHostShm(const std::string& name,
+                                                           const std::string& key, uint64_t offset,
+                                                           uint64_t byte_size) {
+  RETURN_IF_ERROR(ValidateName(name));
+  RETURN_IF_ERROR(ValidateShmKey(key, state_->options.shm_prefix));
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);  // fail early; Insert decides for good
+    if (state_->registered.count(name) != 0) return Taken(name);
+  }
+  ASSIGN_OR_RETURN(HostShmMapping shm, MapHostShm(key, offset, byte_size));
+  auto holder = std::make_shared<RegionLease::Holder>();
+  holder->state = state_;
+  holder->info = RegionInfo{name, RegionKind::kHostShm, byte_size, ""};
+  holder->view = RegionView{RegionKind::kHostShm, shm.data, byte_size, -1, shm.writable};
+  holder->shm = shm;
+  absl::Status inserted = Insert(holder);
+  if (!inserted.ok()) {
+    UnmapHostShm(shm);
+    return inserted;
+  }
+  return holder->info;
+}
+
+absl::StatusOr<RegionInfo> RegionRegistry::RegisterGpuIpc(const std::string& name,
+                                                          const std::string& handle,
+                                                          uint64_t offset, uint64_t byte_size,
+                                                          const std::string& device) {
+  RETURN_IF_ERROR(ValidateName(name));
+  ASSIGN_OR_RETURN(const IpcHandle parsed, ParseIpcMemoryHandle(handle));
+  if (byte_size == 0) return absl::InvalidArgumentError("expected gpu_ipc.byte_size >= 1, got 0");
+  if (offset > UINT64_MAX - byte_size) {
+    return absl::OutOfRangeError(
+        absl::StrCat("expected gpu_ipc.offset + gpu_ipc.byte_size < 2^64, got offset ", offset,
+                     " and byte_size ", byte_size));
+  }
+  if (state_->ipc == nullptr || state_->devices.empty()) {
+    return absl::FailedPreconditionError(
+        "expected a server with GPU IPC for a gpu_ipc region, got one without: this server has "
+        "no GPU backend (GetServerInfo: devices[].ipc_memory); register a host_shm region or "
+        "send inline logits");
+  }
+  if (device.empty()) {
+    return absl::InvalidArgumentError(
+        "expected gpu_ipc.device (a PCI bus id or UUID, as GetServerInfo lists them), got none");
+  }
+  const IpcDevice* match = nullptr;
+  absl::Status mismatch;
+  for (const IpcDevice& d : state_->devices) {
+    mismatch = MatchDevice(device, DeviceInfo{d.ordinal, d.pci_bus_id, d.uuid, "", true, false});
+    if (mismatch.ok()) {
+      match = &d;
+      break;
+    }
+  }
+  if (match == nullptr) {
+    if (state_->devices.size() == 1) return mismatch;
+    return absl::FailedPreconditionError(
+        "expected gpu_ipc.device to name one of this server's GPUs by PCI bus id or UUID "
+        "(GetServerInfo lists them), got another device");
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);  // fail early, before opening the handle
+    if (state_->registered.count(name) != 0) return Taken(name);
+  }
+  const IpcKey key{match->ordinal, parsed};
+  ASSIGN_OR_RETURN(const IpcMapping mapping, state_->RetainIpc(key));
+  if (offset > mapping.size || byte_size > mapping.size - offset) {
+    state_->ReleaseIpc(key);
+    return absl::OutOfRangeError(
+        absl::StrCat("expected gpu_ipc.offset + gpu_ipc.byte_size <= the allocation's size of ",
+                     mapping.size, " bytes, got offset ", offset, " and byte_size ", byte_size));
+  }
+  auto holder = std::make_shared<RegionLease::Holder>();
+  holder->state = state_;
+  holder->info = RegionInfo{name, RegionKind::kGpuIpc, byte_size, match->pci_bus_id};
+  holder->view = RegionView{RegionKind::kGpuIpc, static_cast<uint8_t*>(mapping.base) + offset,
+                            byte_size, match->ordinal, /*writable=*/true};
+  holder->ipc = key;
+  absl::Status inserted = Insert(holder);
+  if (!inserted.ok()) {
+    state_->ReleaseIpc(key);
+    return inserted;
+  }
+  return holder->info;
+}
+
+absl::Status RegionRegistry::Unregister(const std::string& name) {
+  RETURN_IF_ERROR(ValidateName(name));
+  std::shared_ptr<RegionLease::Holder> close_now;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto it = state_->registered.find(name);
+    if (it == state_->registered.end()) return NotRegistered(name);
+    std::shared_ptr<RegionLease::Holder> holder = std::move(it->second);
+    state_->registered.erase(it);
+    holder->registered = false;
+    if (holder->leases == 0) {
+      holder->close_claimed = true;
+      close_now = std::move(holder);
+    } else {
+      state_->retired.insert(std::move(holder));  // the last lease's release closes it
+    }
+  }
+  if (close_now != nullptr) state_->Close(*close_now);
+  return absl::OkStatus();
+}
+
+std::vector<RegionInfo> RegionRegistry::List() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  std::vector<RegionInfo> out;
+  out.reserve(state_->registered.size());
+  for (const auto& [name, holder] : state_->registered) out.push_back(holder->info);
+  return out;
+}
+
+absl::StatusOr<RegionLease> RegionRegistry::Acquire(const std::string& name, uint64_t offset,
+                                                    uint64_t bytes) const {
+  RETURN_IF_ERROR(ValidateName(name));
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->registered.find(name);
+  if (it == state_->registered.end()) return NotRegistered(name);
+  const std::shared_ptr<RegionLease::Holder>& holder = it->second;
+  const uint64_t size = holder->view.size;
+  if (offset > size || bytes > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat("expected ", bytes, " bytes at offset ", offset,
+                                              ", got a region of ", size, " bytes"));
+  }
+  ++holder->leases;
+  RegionView view = holder->view;
+  view.data += offset;
+  view.size = bytes;
+  return RegionLease(holder, view);
+}
+
+void RegionRegistry::CloseAll() {
+  std::vector<std::shared_ptr<RegionLease::Holder>> closing;
+  std::thread closer;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    for (auto& [name, holder] : state_->registered) {
+      holder->registered = false;
+      holder->close_claimed = true;
+      closing.push_back(std::move(holder));
+    }
+    state_->registered.clear();
+    for (const std::shared_ptr<RegionLease::Holder>& holder : state_->retired) {
+      holder->close_claimed = true;
+      closing.push_back(holder);
+    }
+    state_->retired.clear();
+    // The closer finishes what is queued, then stops.
+    ++state_->closer_generation;
+    closer = std::move(state_->closer);
+    state_->closer_cv.notify_all();
+  }
+  if (closer.joinable()) closer.join();
+  for (const std::shared_ptr<RegionLease::Holder>& holder : closing) state_->Close(*holder);
+}
+
+}  // namespace samplerd::core

@@ -1,0 +1,117 @@
+// Named shared-memory regions that requests may reference instead of sending bytes: host POSIX
+// shared memory, and GPU memory exported by another process through an IPC handle.
+//
+// Contract (issue #4, docs/DESIGN.md "Transports and GPU rules"): names are unique
+// (ALREADY_EXISTS) and unknown names are NOT_FOUND; host shm keys must start with the configured
+// prefix and hold no further '/' and no ".."; bounds are checked overflow-safely against the
+// object's real size; GPU IPC handles are exactly 64 bytes (or PyTorch's 66-byte shareable form,
+// version byte + 'c' + handle; its 'e' expandable-segments form is FAILED_PRECONDITION) and are
+// opened once per (device, handle), refcounted across region names; an unregister while
+// requests hold the region defers the close to the last release; closes never run on the
+// request path; CloseAll() at shutdown. Error messages never echo keys or handles.
+// Thread-safe.
+#ifndef SAMPLERD_SERVICE_CORE_REGIONS_REGION_REGISTRY_H_
+#define SAMPLERD_SERVICE_CORE_REGIONS_REGION_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "service/core/regions/gpu_ipc.h"
+
+namespace samplerd::core {
+
+enum class RegionKind { kHostShm, kGpuIpc };
+
+// What ListRegions / RegisterRegion report (never the key or handle).
+struct RegionInfo {
+  std::string name;
+  RegionKind kind = RegionKind::kHostShm;
+  uint64_t byte_size = 0;
+  std::string device;  // PCI bus id of a GPU region; empty for host shm
+};
+
+// Where a region's bytes are, for the duration of a lease.
+struct RegionView {
+  RegionKind kind = RegionKind::kHostShm;
+  uint8_t* data = nullptr;  // host pointer (host shm) or device pointer (GPU IPC)
+  uint64_t size = 0;
+  int device_ordinal = -1;  // GPU regions
+  // The bytes may be written (an output region): GPU IPC memory, or a host shm object that
+  // samplerd could open read-write.
+  bool writable = false;
+};
+
+// Keeps a region mapped while a request uses it; releasing the last lease of an unregistered
+// region schedules its close. Movable, not copyable.
+class RegionLease {
+ public:
+  RegionLease() = default;
+  RegionLease(RegionLease&&) noexcept;
+  RegionLease& operator=(RegionLease&&) noexcept;
+  RegionLease(const RegionLease&) = delete;
+  RegionLease& operator=(const RegionLease&) = delete;
+  ~RegionLease();
+
+  const RegionView& view() const { return view_; }
+  explicit operator bool() const { return holder_ != nullptr; }
+
+ private:
+  friend class RegionRegistry;
+  struct Holder;  // one registered region (region_registry.cc)
+  RegionLease(std::shared_ptr<Holder> holder, RegionView view);
+  void Release();
+  std::shared_ptr<Holder> holder_;
+  RegionView view_;
+};
+
+struct RegionOptions {
+  std::string shm_prefix = "/samplerd-";  // required start of host shm keys
+};
+
+// A GPU device the registry may open IPC handles on.
+struct IpcDevice {
+  int ordinal = 0;
+  std::string pci_bus_id;
+  std::string uuid;
+};
+
+class RegionRegistry {
+ public:
+  // `ipc` may be null (no GPU backend): GPU IPC registration is then FAILED_PRECONDITION.
+  RegionRegistry(RegionOptions options, GpuIpc* ipc, std::vector<IpcDevice> devices);
+  ~RegionRegistry();  // CloseAll()
+
+  absl::StatusOr<RegionInfo> RegisterHostShm(const std::string& name, const std::string& key,
+                                             uint64_t offset, uint64_t byte_size);
+  // `handle` is the raw bytes sent by the client (64, or PyTorch's 66-byte form); `device` a
+  // PCI bus id or UUID (matched like request devices).
+  absl::StatusOr<RegionInfo> RegisterGpuIpc(const std::string& name, const std::string& handle,
+                                            uint64_t offset, uint64_t byte_size,
+                                            const std::string& device);
+  absl::Status Unregister(const std::string& name);
+  std::vector<RegionInfo> List() const;  // sorted by name
+
+  // A lease on [offset, offset + bytes) of region `name`: NOT_FOUND, or OUT_OF_RANGE when the
+  // slice does not fit (overflow-safe). The view covers exactly the slice.
+  absl::StatusOr<RegionLease> Acquire(const std::string& name, uint64_t offset,
+                                      uint64_t bytes) const;
+
+  // Closes every mapping (waiting for none: call after the executors have drained).
+  void CloseAll();
+
+ private:
+  friend class RegionLease;
+  struct State;  // region_registry.cc; shared with the leases so that a late release stays safe
+
+  // Adds `holder` under its name, or ALREADY_EXISTS (the caller then closes it).
+  absl::Status Insert(std::shared_ptr<RegionLease::Holder> holder);
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace samplerd::core
+
+#endif  // SAMPLERD_SERVICE_CORE_REGIONS_REGION_REGISTRY_H_

@@ -1,0 +1,41 @@
+// Binding a validated request to where its bytes are: the region leases it holds while it runs,
+// the SampleIo a backend reads, and the checks that regions and events suit the backend.
+#ifndef SAMPLERD_SERVICE_CORE_REGIONS_REQUEST_IO_H_
+#define SAMPLERD_SERVICE_CORE_REGIONS_REQUEST_IO_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "service/core/backend/sampler.h"
+#include "service/core/model/request.h"
+#include "service/core/model/validated_batch.h"
+#include "service/core/regions/ipc_event_cache.h"
+#include "service/core/regions/region_registry.h"
+
+namespace samplerd::core {
+
+// What one request holds while it runs. Releasing it (destruction) releases the leases.
+struct BoundIo {
+  SampleIo io;
+  RegionLease logits;  // empty for inline logits
+  RegionLease output;  // empty without an output region
+};
+
+// Leases `request`'s regions in `regions` (the logits slice: InlineBytes of the batch; the
+// output slice: B * 4 bytes) and opens its events through `events` (null: this server has no
+// GPU IPC). `devices` names the server's devices in messages. io.logits points into
+// request.inline_data for inline logits: the request must outlive the result.
+//
+// Errors: Acquire's (NOT_FOUND, OUT_OF_RANGE, INVALID_ARGUMENT for a malformed name), prefixed
+// with the field; FAILED_PRECONDITION when a GPU region is not on `sampler`'s device, when the
+// output is not in the same memory as the logits (host shm with host logits, GPU IPC with GPU
+// IPC logits) or cannot be written, or when events reach a server without IPC events;
+// INVALID_ARGUMENT for ready_event without GPU IPC logits or done_event without a GPU IPC
+// output; RESOURCE_EXHAUSTED or OpenEvent's errors for a new event.
+absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const ValidatedBatch& batch,
+                                     const Sampler& sampler, const RegionRegistry& regions,
+                                     IpcEventCache* events, const std::vector<DeviceInfo>& devices);
+
+}  // namespace samplerd::core
+
+#endif  // SAMPLERD_SERVICE_CORE_REGIONS_REQUEST_IO_H_
