@@ -99,13 +99,14 @@ absl::StatusOr<core::BackendChoice> BackendFromFlag() {
       absl::StrCat("expected --backend=auto|cpu|gpu, got '", backend, "'"));
 }
 
-absl::Status LimitsFromFlags(core::Limits* limits) {
+// --max_message_bytes (the transport's limit) and the core's request limits.
+absl::Status LimitsFromFlags(int* max_message_bytes, core::Limits* limits) {
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message < 1024 || max_message > std::numeric_limits<int>::max()) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected --max_message_bytes in [1024, 2147483647], got ", max_message));
   }
-  limits->max_message_bytes = max_message;
+  *max_message_bytes = static_cast<int>(max_message);
   limits->max_batch = absl::GetFlag(FLAGS_max_batch);
   limits->max_vocab = absl::GetFlag(FLAGS_max_vocab);
   limits->max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);
@@ -174,7 +175,7 @@ absl::StatusOr<ProcessOptions> OptionsFromFlags() {
   ASSIGN_OR_RETURN(options.core.backend, BackendFromFlag());
   options.core.threads = absl::GetFlag(FLAGS_threads);
   options.core.gpu = absl::GetFlag(FLAGS_gpu);
-  RETURN_IF_ERROR(LimitsFromFlags(&options.core.limits));
+  RETURN_IF_ERROR(LimitsFromFlags(&options.server.max_message_bytes, &options.core.limits));
   options.core.regions.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   RETURN_IF_ERROR(core::ValidateShmPrefix(options.core.regions.shm_prefix));
 
@@ -188,7 +189,6 @@ absl::StatusOr<ProcessOptions> OptionsFromFlags() {
 
   grpc_transport::ServerOptions& server = options.server;
   server.listen = absl::StrSplit(absl::GetFlag(FLAGS_listen), ',', absl::SkipEmpty());
-  server.max_message_bytes = static_cast<int>(options.core.limits.max_message_bytes);
   server.allow_remote_regions = absl::GetFlag(FLAGS_allow_remote_regions);
   server.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   server.tls.key_file = absl::GetFlag(FLAGS_tls_key);

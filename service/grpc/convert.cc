@@ -140,7 +140,8 @@ void ToProto(const core::RegionInfo& in, v1::RegionInfo* out) {
   out->set_device(in.device);
 }
 
-void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out) {
+void ToProto(const core::ServerInfo& in, int64_t max_message_bytes,
+             v1::GetServerInfoResponse* out) {
   out->set_version(in.version);
   out->set_backend(in.backend == core::BackendKind::kGpu ? v1::BACKEND_GPU : v1::BACKEND_CPU);
   for (const core::DeviceInfo& d : in.devices) {
@@ -155,7 +156,7 @@ void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out) {
   v1::Limits* limits = out->mutable_limits();
   limits->set_max_batch(in.limits.max_batch);
   limits->set_max_vocab(in.limits.max_vocab);
-  limits->set_max_message_bytes(in.limits.max_message_bytes);
+  limits->set_max_message_bytes(max_message_bytes);
   limits->set_max_top_logprobs(in.limits.max_top_logprobs);
   limits->set_max_device_sessions(in.device_sessions.max_sessions);
   v1::DeviceSessionSupport* sessions = out->mutable_device_sessions();

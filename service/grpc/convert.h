@@ -31,8 +31,8 @@ void ToProto(const core::SampleResult& in, v1::SampleResponse* out);
 // Fills `out` from a registered region's description.
 void ToProto(const core::RegionInfo& in, v1::RegionInfo* out);
 
-// Fills `out` from the server's description.
-void ToProto(const core::ServerInfo& in, v1::GetServerInfoResponse* out);
+// Fills `out` from the server's description and the transport's message size limit.
+void ToProto(const core::ServerInfo& in, int64_t max_message_bytes, v1::GetServerInfoResponse* out);
 
 // Fills `out` from a DeviceSessionOpen. Enum numbers are copied as they are (unknown ones
 // included): SessionManager::Open checks them.

@@ -73,7 +73,7 @@ void SampleStreamReactor::HandleMessageLocked() {
         "expected a chunk continuing the step in progress, got a new `request`");
   } else if (step->error.ok()) {
     std::string* data = step->message.mutable_request()->mutable_logits()->mutable_inline_data();
-    const int64_t limit = core_->limits().max_stream_step_bytes;
+    const int64_t limit = kMaxStepBytes;
     if (static_cast<int64_t>(data->size() + read_.chunk().size()) > limit) {
       step->error = absl::ResourceExhaustedError(
           absl::StrCat("expected a chunked step of at most ", limit, " bytes, got more"));

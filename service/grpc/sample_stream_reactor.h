@@ -25,6 +25,8 @@ class SampleStreamReactor final
  public:
   // Steps read ahead of the oldest unanswered one; bounds a stream's memory.
   static constexpr size_t kMaxStepsInFlight = 32;
+  // The largest chunked step, reassembled (1 GiB); more is RESOURCE_EXHAUSTED for that step.
+  static constexpr int64_t kMaxStepBytes = int64_t{1} << 30;
 
   // Steps that name a region need a unix-socket peer unless `allow_remote_regions` (peer.h).
   // Each answered step is counted in `metrics` (null: none), which must outlive the stream.

@@ -133,7 +133,7 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::ListRegions(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* SamplerServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
                                                             const v1::GetServerInfoRequest*,
                                                             v1::GetServerInfoResponse* response) {
-  ToProto(core_->Info(), response);
+  ToProto(core_->Info(), max_message_bytes_, response);
   return FinishNow(context, Method::kGetServerInfo, grpc::Status::OK);
 }
 

@@ -23,9 +23,13 @@ namespace samplerd::grpc_transport {
 class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
  public:
   // `core` must outlive the service and every call on it; so must `metrics` (null: none).
-  SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions,
+  // `max_message_bytes` is the server's message size limit, which GetServerInfo reports.
+  SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions, int64_t max_message_bytes,
                      metrics::SamplerMetrics* metrics = nullptr)
-      : core_(core), allow_remote_regions_(allow_remote_regions), metrics_(metrics) {}
+      : core_(core),
+        allow_remote_regions_(allow_remote_regions),
+        max_message_bytes_(max_message_bytes),
+        metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
                                    const v1::SampleRequest* request,
@@ -59,6 +63,7 @@ class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
 
   core::SamplerCore* core_;
   const bool allow_remote_regions_;
+  const int64_t max_message_bytes_;
   metrics::SamplerMetrics* const metrics_;
   std::mutex regions_gauge_mu_;  // orders recounts, so that the last one set wins
 };

@@ -73,8 +73,7 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
       MakeTcpCredentials(options.tls);
   if (!tcp_credentials.ok()) return tcp_credentials.status();
 
-  std::unique_ptr<SamplerServer> server(
-      new SamplerServer(core, options.allow_remote_regions, options.metrics));
+  std::unique_ptr<SamplerServer> server(new SamplerServer(core, options));
   grpc::ServerBuilder builder;
   std::vector<int> ports(options.listen.size(), 0);
   std::vector<std::string> socket_paths;

@@ -29,7 +29,7 @@ struct ServerOptions {
   // socket's missing directories are created (mode 0750) and the socket is set to
   // kUnixSocketMode once bound. Port 0 picks a free port.
   std::vector<std::string> listen = {"unix:///run/samplerd/samplerd.sock"};
-  // Largest message received or sent, bytes.
+  // Largest message received or sent, bytes (--max_message_bytes); GetServerInfo reports it.
   int max_message_bytes = 256 << 20;
   // Serve region calls (and requests naming regions) to TCP clients too, not only to clients on
   // a unix socket (--allow_remote_regions).
@@ -72,9 +72,8 @@ class SamplerServer {
   void Shutdown(absl::Time deadline);
 
  private:
-  SamplerServer(core::SamplerCore* core, bool allow_remote_regions,
-                metrics::SamplerMetrics* metrics)
-      : service_(core, allow_remote_regions, metrics) {}
+  SamplerServer(core::SamplerCore* core, const ServerOptions& options)
+      : service_(core, options.allow_remote_regions, options.max_message_bytes, options.metrics) {}
 
   SamplerServiceImpl service_;
   std::unique_ptr<grpc::Server> server_;

@@ -199,13 +199,14 @@ TEST(ToProto, DescribesTheServer) {
   info.backend = core::BackendKind::kGpu;
   info.devices.push_back({1, "0000:00:06.0", "GPU-x", "NVIDIA H200", true, true});
   v1::GetServerInfoResponse out;
-  ToProto(info, &out);
+  ToProto(info, /*max_message_bytes=*/4 << 20, &out);
   EXPECT_EQ(out.version(), "9.9");
   EXPECT_EQ(out.backend(), v1::BACKEND_GPU);
   ASSERT_EQ(out.devices_size(), 1);
   EXPECT_EQ(out.devices(0).pci_bus_id(), "0000:00:06.0");
   EXPECT_TRUE(out.devices(0).ipc_events());
   EXPECT_EQ(out.limits().max_top_logprobs(), core::Limits{}.max_top_logprobs);
+  EXPECT_EQ(out.limits().max_message_bytes(), 4 << 20);
 }
 
 TEST(ToProto, DescribesDeviceSessionSupport) {
@@ -213,7 +214,7 @@ TEST(ToProto, DescribesDeviceSessionSupport) {
   info.device_sessions = {/*max_sessions=*/5, /*gpu_plane=*/true, /*host_plane=*/true,
                           /*mps=*/true, /*open_sessions=*/3};
   v1::GetServerInfoResponse out;
-  ToProto(info, &out);
+  ToProto(info, /*max_message_bytes=*/4 << 20, &out);
   EXPECT_EQ(out.limits().max_device_sessions(), 5);
   EXPECT_TRUE(out.device_sessions().gpu_plane());
   EXPECT_TRUE(out.device_sessions().host_plane());
