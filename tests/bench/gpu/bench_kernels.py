@@ -19,6 +19,7 @@ import time
 
 import torch
 
+DISTS = ["randn3", "peaked", "flat", "zipf"]
 DTYPES = {"fp32": (torch.float32, 0), "bf16": (torch.bfloat16, 2)}
 # name: (temperature, top_k, top_p); 0 = disabled.
 SETTINGS = {
@@ -82,22 +83,25 @@ class Ours:
         ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
         tokens = torch.empty(batch, dtype=torch.int32, device="cuda")
         status = torch.empty(batch, dtype=torch.uint8, device="cuda")
-        return params, ws, ws_bytes, tokens, status
+        # As the server passes HasTopPRows of its host params: top-p as the only filter.
+        top_p_rows = int(temperature > 0.0 and not (0 < top_k < vocab) and 0.0 < top_p < 1.0)
+        return params, ws, ws_bytes, tokens, status, top_p_rows
 
     def sample(self, logits, code, state):
-        params, ws, ws_bytes, tokens, status = state
+        params, ws, ws_bytes, tokens, status, top_p_rows = state
         err = self.lib.samplerd_sample(
             ctypes.c_void_p(logits.data_ptr()), code, logits.shape[0], logits.shape[1],
             ctypes.c_void_p(params.data_ptr()), ctypes.c_void_p(tokens.data_ptr()),
             ctypes.c_void_p(status.data_ptr()), ctypes.c_void_p(ws.data_ptr()), ws_bytes,
-            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), top_p_rows)
         if err != 0:
             raise RuntimeError(self.lib.samplerd_error_string(err))
         return tokens
 
 
 def time_graph(fn, flush, iters):
-    """Median µs of one replay of a graph of fn(), each replay after an L2 flush."""
+    """Median µs of one replay of a graph of fn(), each replay after an L2 flush (flush=None:
+    after a ~50 µs sleep kernel instead, so L2 stays warm and the host's launch stays hidden)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -109,7 +113,10 @@ def time_graph(fn, flush, iters):
         fn()
     times = []
     for _ in range(iters):
-        flush.zero_()
+        if flush is None:
+            torch.cuda._sleep(100_000)
+        else:
+            flush.zero_()
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -143,9 +150,18 @@ def make_logits(batch, vocab, dtype, dist, gen):
     x = torch.randn(batch, vocab, device="cuda", generator=gen)
     if dist == "randn3":
         x *= 3.0
-    else:  # peaked: one token 12 above N(0, 1) noise
+    elif dist == "peaked":  # one token 12 above N(0, 1) noise
         idx = torch.randint(0, vocab, (batch,), device="cuda", generator=gen)
         x[torch.arange(batch, device="cuda"), idx] += 12.0
+    elif dist == "flat":  # every logit equal: one crowded bin for every filter
+        x.zero_()
+    elif dist == "zipf":
+        # Real-model-like: the token of rank r has logit -1.5 ln r (probability ~ r^-1.5, ~96%
+        # of the mass in the top 300), ranks shuffled over the vocabulary, plus N(0, 0.1).
+        ranks = torch.argsort(torch.rand(batch, vocab, device="cuda", generator=gen), dim=1)
+        x = -1.5 * torch.log1p(ranks.float()) + 0.1 * x
+    else:
+        raise ValueError(f"unknown distribution {dist}")
     return x.to(dtype).contiguous()
 
 
@@ -158,6 +174,10 @@ def main():
     ap.add_argument("--batches", help="comma-separated batch sizes")
     ap.add_argument("--vocabs", help="comma-separated vocabulary sizes")
     ap.add_argument("--dtypes", help="comma-separated subset of fp32,bf16")
+    ap.add_argument("--dists", help="comma-separated subset of " + ",".join(DISTS))
+    ap.add_argument("--no-flush", action="store_true",
+                    help="keep L2 warm between replays (default: flush it before each)")
+    ap.add_argument("--ours-only", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -170,7 +190,7 @@ def main():
           flush=True)
     batches = [1, 8, 32, 128, 256]
     vocabs = [32000, 128256, 151936, 262144]
-    dists = ["randn3", "peaked"]
+    dists = ["randn3", "peaked", "zipf", "flat"]
     settings, dtypes = SETTINGS, DTYPES
     if args.quick:
         batches, vocabs, dists = [1, 128], [151936], ["randn3"]
@@ -180,6 +200,10 @@ def main():
         vocabs = [int(v) for v in args.vocabs.split(",")]
     if args.settings:
         settings = {k: SETTINGS[k] for k in args.settings.split(",")}
+    if args.dists:
+        dists = args.dists.split(",")
+    if args.no_flush:
+        flush = None
     if args.dtypes:
         dtypes = {k: DTYPES[k] for k in args.dtypes.split(",")}
     gen = torch.Generator(device="cuda")
@@ -200,7 +224,7 @@ def main():
                         state = ours.prepare(b, v, t, k, p, seed=1000)
                         us_ours = time_graph(lambda: ours.sample(logits, code, state), flush,
                                              args.iters)
-                        us_torch = time_graph(
+                        us_torch = float("nan") if args.ours_only else time_graph(
                             lambda: torch_native(logits, temp, kk, pp, t == 0.0), flush,
                             args.iters)
                         floor = logits.numel() * logits.element_size() / bw * 1e6
@@ -213,7 +237,8 @@ def main():
                               f"{us_ours / us_torch:>8.3f}", flush=True)
                         del logits, state
     meta = dict(device=dev.name, torch=torch.__version__, read_bandwidth_tbs=bw / 1e12,
-                date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), iters=args.iters)
+                date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), iters=args.iters,
+                l2_flush=not args.no_flush)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
