@@ -10,33 +10,16 @@
 #define SAMPLERD_KERNELS_GPU_CHUNK_PASS_H_
 
 #include <cstdint>
+#include <type_traits>
 
+#include "kernels/gpu/chunk_stats.h"
 #include "kernels/gpu/device_common.h"
+#include "kernels/gpu/mass_plan.h"
+#include "kernels/gpu/row_path.h"
 
 namespace samplerd::kernels::gpu {
 
-inline constexpr int kChunkThreads = 256;
-inline constexpr int kItemsPerThread = 32;
-inline constexpr int kChunk = kChunkThreads * kItemsPerThread;  // 8192 tokens
-inline constexpr int kMaxCandidateK = 256;  // top-k above this reads the row in pass 2 instead
 inline constexpr int kCandidateCap = 1024;  // candidates a chunk may emit
-
-// What pass 1 learns about one chunk of one row.
-struct ChunkStats {
-  float max_z;       // max of z = x / T over the chunk (-inf when every z is -inf)
-  float sum_exp_z;   // sum of exp(z - max_z) over finite z, for JOINT top-p rows only
-  float max_x;       // max of x (NaN excluded)
-  float sum_exp_x;   // sum of exp(x - max_x) over finite x, when raw logprobs are asked for
-  int64_t argmax_x;  // lowest index holding max_x
-  uint32_t nan_count;
-  uint32_t pos_inf_x;      // x == +inf
-  uint32_t pos_inf_z;      // z == +inf
-  uint32_t not_neg_inf_x;  // x > -inf
-  uint32_t candidates;     // candidates written
-  uint32_t overflow;       // 1: the chunk had more than kCandidateCap candidates
-  float best_score;        // rows drawn in this pass (DrawsInChunkPass): max of z + G
-  int64_t best_index;      // its lowest index
-};
 
 // Where pass 1 writes (device memory, from the workspace).
 struct ChunkPassParams {
@@ -51,22 +34,8 @@ struct ChunkPassParams {
   uint32_t* candidate_key;       // [batch, chunks, kCandidateCap]
   int32_t* candidate_index;      // [batch, chunks, kCandidateCap]
   const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
+  MassWorkspace mass;            // the top-p rows' histograms and plans (mass_plan.h)
 };
-
-__device__ __forceinline__ bool IsGreedy(const RowParams& p) {
-  return p.temperature < kGreedyTemperature;
-}
-
-// Rows with no filter (plain temperature) draw in this pass: every finite z competes.
-__device__ __forceinline__ bool DrawsInChunkPass(const RowParams& p, int64_t vocab) {
-  return !IsGreedy(p) && (p.top_k <= 0 || p.top_k >= vocab) && !(p.top_p < 1.0f) &&
-         !(p.min_p > 0.0f);
-}
-
-// Rows whose top-k is resolved from the chunk candidates.
-__device__ __forceinline__ bool UsesCandidates(const RowParams& p, int64_t vocab) {
-  return !IsGreedy(p) && p.top_k > 0 && p.top_k <= kMaxCandidateK && p.top_k < vocab;
-}
 
 // Loads the 4 consecutive elements at `j` (4-aligned) of a row: one vector load when the
 // address allows, else element by element; past `end` reads -inf.
@@ -116,6 +85,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   __shared__ typename Reduce::Storage reduce;
   __shared__ uint32_t thread_max[kChunkThreads / kLogicalWarp];
   __shared__ uint32_t candidate_count;
+  __shared__ MassShared mass_sh;
 
   const int64_t row = blockIdx.y;
   // Device sessions launch for max_batch rows; rows past the step's batch leave at once (a
@@ -139,6 +109,8 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   // overlaps (ncu v5: blocks stalled on this load before their first logits load).
   const RowParams params = p.params[p.params_count == 1 ? 0 : row];
   const bool greedy = IsGreedy(params);
+  const bool mass = IsMassRow(params, p.vocab, p.mass.enabled);
+  if (mass) ClearMassHistogram<kChunkThreads>(mass_sh);      // the reductions below wait for it
   const bool unit_temperature = params.temperature == 1.0f;  // z = x exactly: skip the divide
   auto temper = [&](float v) { return unit_temperature ? v : v / params.temperature; };
   auto for_items = [&](auto&& f) {
@@ -158,33 +130,72 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   const bool draws = DrawsInChunkPass(params, p.vocab);
   const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
   float max_z = -kInfF;
+  // One specialised copy of the loop per kind of row, so that each runs only its own code: at
+  // small batches the time goes to fetching instructions from a cold cache (ncu, NOTES.md v8),
+  // and a loop carrying every kind's branches fetches them all.
+  auto classify = [&](auto tempered, auto drawing) {
+    constexpr bool kTempered = decltype(tempered)::value;
+    constexpr bool kDrawing = decltype(drawing)::value;
 #pragma unroll
-  for (int g = 0; g < kItemsPerThread / 4; ++g) {
-    PhiloxCounter noise_bits{{0, 0, 0, 0}};
-    const int64_t group = ItemIndex(begin, g * 4);
-    if (draws && group < end) {
-      noise_bits = Philox4x32x10(PhiloxCounterFor(params.position, group), key);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = g * 4 + e;
-      const float v = x[i];
-      nan += v != v;
-      pinf_x += v == kInfF;
-      finite_x += v > -kInfF;
-      if (v > best_x) {
-        best_x = v;
-        best_i = i;
+    for (int g = 0; g < kItemsPerThread / 4; ++g) {
+      PhiloxCounter noise_bits{{0, 0, 0, 0}};
+      const int64_t group = ItemIndex(begin, g * 4);
+      float floor_score = -kInfF;  // the wave's best score so far: a token below it cannot win
+      if constexpr (kDrawing) {
+        if (group < end) noise_bits = Philox4x32x10(PhiloxCounterFor(params.position, group), key);
+        floor_score = WaveMax(draw.value);
       }
-      if (!greedy) {
-        const float z = temper(v);
-        pinf_z += z == kInfF;
-        max_z = fmaxf(max_z, z);  // fmaxf drops NaN
-        if (draws && z > -kInfF) {
-          const float noise = GumbelFromUniform(UniformFromBits(noise_bits.word[e]));
-          const ArgMaxPair scored{z + noise, group + e};
-          if (Better(scored, draw)) draw = scored;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = g * 4 + e;
+        const float v = x[i];
+        nan += v != v;
+        pinf_x += v == kInfF;
+        finite_x += v > -kInfF;
+        if (v > best_x) {
+          best_x = v;
+          best_i = i;
         }
+        if constexpr (kTempered) {
+          const float z = temper(v);
+          pinf_z += z == kInfF;
+          max_z = fmaxf(max_z, z);  // fmaxf drops NaN
+          if constexpr (kDrawing) {
+            // The exact Gumbel (two logf) only where it could win (MayBeat, device_common.h).
+            const float u = UniformFromBits(noise_bits.word[e]);
+            if (z > -kInfF && MayBeat(z, u, floor_score)) {
+              const ArgMaxPair scored{z + GumbelFromUniform(u), group + e};
+              if (Better(scored, draw)) draw = scored;
+            }
+          }
+        }
+      }
+    }
+  };
+  if (greedy) {
+    classify(std::false_type{}, std::false_type{});
+  } else if (draws) {
+    classify(std::true_type{}, std::true_type{});
+  } else {
+    classify(std::true_type{}, std::false_type{});
+  }
+  const float thread_max_z = max_z;
+  if (!greedy) max_z = Reduce::Max(reduce, max_z);
+  // Top-p rows on the mass path: the chunk's mass histogram (mass_plan.h), re-read from L1 in
+  // a loop that is not unrolled (kept in registers across the reduction above, x[] spilled).
+  // A chunk whose max is out of the histogram's range makes none; the plan never reads it (or
+  // falls back).
+  const bool histogram = mass && fabsf(max_z) < kMassMaxChunkAbs;
+  if (histogram) {
+    const float top = floorf(max_z * kMassBinsPerLogit);
+#pragma unroll 1
+    for (int g = 0; g < kItemsPerThread / 4; ++g) {
+      float v[4];
+      LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float z = temper(v[e]);
+        if (z > -kInfF) AddToMassHistogram(mass_sh, z, max_z, top);
       }
     }
   }
@@ -194,9 +205,10 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
                   (static_cast<uint64_t>(pinf_z) << 32) | (static_cast<uint64_t>(finite_x) << 48));
   const ArgMaxPair best =
       Reduce::ArgMax(reduce, ArgMaxPair{best_x, best_i < 0 ? INT64_MAX : ItemIndex(begin, best_i)});
-  const float thread_max_z = max_z;
-  if (!greedy) max_z = Reduce::Max(reduce, max_z);
   if (draws) draw = Reduce::ArgMax(reduce, draw);
+  const int64_t stats_slot = row * p.chunks + chunk;
+  // The reductions above waited for every thread's histogram atomics.
+  if (histogram) StoreMassHistogram<kChunkThreads>(mass_sh, p.mass, stats_slot);
 
   // Pass 2, only where the full row's mass is needed: JOINT top-p.
   float sum_z = 0.0f;
@@ -279,7 +291,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     s.overflow = overflow;
     s.best_score = draw.value;
     s.best_index = draw.index;
-    p.stats[row * p.chunks + chunk] = s;
+    p.stats[stats_slot] = s;
   }
 }
 

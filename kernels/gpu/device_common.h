@@ -69,6 +69,19 @@ __device__ __forceinline__ uint64_t FixedMass(float z, float row_max) {
   return static_cast<uint64_t>(expf(z - row_max) * kMassScale);
 }
 
+// False only when a token's Gumbel score z + G(u) certainly loses to `best`, a score already
+// seen (G(u) = -logf(-logf(u)), kernels/common/philox.h). The exact G costs two accurate logf;
+// this test costs two fast exps: G > best - z  <=>  u > t = exp(-exp(z - best)).
+// The margin: u < (1 - m) t means G < (best - z) - m exp(best - z), and wherever t > 2^-24 (the
+// smallest u) that is at least 0.06 m = 1.8e-4 below the threshold in G. That is above the
+// fp32 rounding of z + G while |best| < 1024 (6.1e-5; else the test always says true) and the
+// error of two logf and of the fast exps, so a token it drops could never have won.
+__device__ __forceinline__ bool MayBeat(float z, float u, float best) {
+  if (!(fabsf(best) < 1024.0f)) return true;  // also best = -inf: nothing seen yet
+  constexpr float kKeep = 1.0f - 0.003f;      // 1 - m
+  return u >= kKeep * __expf(-__expf(z - best));
+}
+
 // A candidate for an argmax with the lowest index winning ties.
 struct ArgMaxPair {
   float value;
@@ -116,6 +129,7 @@ struct BlockReduce {
     float f[kMaxWaves];
     int64_t i[kMaxWaves];
     uint64_t u[kMaxWaves];
+    double d[kMaxWaves];
   };
 
   __device__ static int Waves() { return kThreads / kWaveSize; }
@@ -148,6 +162,17 @@ struct BlockReduce {
     __syncthreads();
     uint64_t out = 0;
     for (int w = 0; w < Waves(); ++w) out += s.u[w];
+    __syncthreads();
+    return out;
+  }
+
+  // Sum of doubles in a fixed order (the same bits on every run, whatever the timing).
+  __device__ static double SumF64(Storage& s, double v) {
+    for (int o = kWaveSize / 2; o > 0; o >>= 1) v += __shfl_xor(v, o, kWaveSize);
+    if (Leader()) s.d[Wave()] = v;
+    __syncthreads();
+    double out = 0.0;
+    for (int w = 0; w < Waves(); ++w) out += s.d[w];
     __syncthreads();
     return out;
   }
@@ -187,6 +212,28 @@ struct BlockReduce {
     __syncthreads();
     *total = sum;
     return before + inclusive - v;
+  }
+
+  // Exclusive prefix sum of doubles in thread order, in a fixed order of additions (so the
+  // same bits on every run); *total gets the sum.
+  __device__ static double ExclusiveScanF64(Storage& s, double v, double* total) {
+    const int lane = static_cast<int>(threadIdx.x) % kWaveSize;
+    double inclusive = v;
+    for (int o = 1; o < kWaveSize; o <<= 1) {
+      const double up = __shfl_up(inclusive, o, kWaveSize);
+      if (lane >= o) inclusive += up;
+    }
+    const double exclusive_in_wave = __shfl_up(inclusive, 1, kWaveSize);
+    if (lane == kWaveSize - 1) s.d[Wave()] = inclusive;
+    __syncthreads();
+    double before = 0.0, sum = 0.0;
+    for (int w = 0; w < Waves(); ++w) {
+      if (w < Wave()) before += s.d[w];
+      sum += s.d[w];
+    }
+    __syncthreads();
+    *total = sum;
+    return before + (lane == 0 ? 0.0 : exclusive_in_wave);
   }
 };
 

@@ -25,6 +25,10 @@ size_t SampleWorkspaceBytes(int64_t batch, int64_t vocab, int32_t top_logprobs);
 // Returns 0, or the runtime's error code from the launches.
 int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stream stream);
 
+// Whether any of the `count` rows of `params` (host memory) has top-p as its only filter: the
+// value for SampleArgs::top_p_rows when the caller has the params on the host.
+bool HasTopPRows(const RowParams* params, int64_t count, int64_t vocab);
+
 }  // namespace samplerd::kernels::gpu
 
 #endif  // SAMPLERD_KERNELS_GPU_GPU_SAMPLER_H_

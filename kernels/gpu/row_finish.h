@@ -2,8 +2,9 @@
 // the row's token (and logprobs).
 //
 // Launch: grid (batch), kFinishThreads threads. Rows with a small top-k select and draw over the
-// chunk candidates only (never touching the row again); other rows (top-p alone, large k, min-p
-// alone, plain temperature) read their row again, from L2 when it is still there: one pass per
+// chunk candidates only (never touching the row again); rows with top-p alone get their plan
+// for MassDrawKernel (mass_plan.h) unless it falls back; other rows (large k, min-p alone,
+// logprobs, a top-p fallback) read their row again, from L2 when it is still there: one pass per
 // radix round that is needed, plus the draw. Logprobs add passes of their own.
 #ifndef SAMPLERD_KERNELS_GPU_ROW_FINISH_H_
 #define SAMPLERD_KERNELS_GPU_ROW_FINISH_H_
@@ -12,6 +13,7 @@
 
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/device_common.h"
+#include "kernels/gpu/mass_plan.h"
 #include "kernels/gpu/select.h"
 
 namespace samplerd::kernels::gpu {
@@ -37,6 +39,7 @@ struct RowFinishParams {
   int32_t* top_ids;
   float* top_values;
   const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
+  MassWorkspace mass;            // the top-p rows' plans and pass-2 state (mass_plan.h)
 };
 
 // The items of a row: every token with z = x / temperature > -inf (NaN never reaches here).
@@ -140,12 +143,12 @@ __device__ inline RowSummary CombineChunks(const ChunkStats* staged, int chunks)
 enum class DrawKind : uint8_t { kPointMass, kInfinite, kFiltered };
 
 // Shared state of one row's block.
-inline constexpr int kMaxStagedChunks = 512;  // V <= 4,194,304 at 8192 tokens a chunk
 
 struct FinishShared {
   union {
     SelectStorage select;
     ChunkStats staged[kMaxStagedChunks];  // only until the row summary is made
+    MassPlanScratch mass_plan;            // mass rows' plan (mass_plan.h)
   };
   uint32_t candidate_offset[kMaxStagedChunks + 1];
   BlockReduce<kFinishThreads>::Storage reduce;

@@ -1,13 +1,18 @@
 // GPU sampling: RowFinishKernel (filters, draw, logprobs) and the host launcher Sample.
 //
-// Two launches per batch on the caller's stream:
+// Two or three launches per batch on the caller's stream:
 //   1. ChunkPassKernel (chunk_pass.h): reads every row once in fixed 8192-token chunks.
 //   2. RowFinishKernel (here): one block per row; combines the chunks in a fixed order, resolves
 //      min-p / top-k / top-p exactly on order-preserving keys (select.h) and draws with the
-//      Philox streams of kernels/common/philox.h, exactly as kernels/cpu does.
+//      Philox streams of kernels/common/philox.h, exactly as kernels/cpu does. For a row whose
+//      only filter is top-p it makes the row's plan instead (mass_plan.h) and leaves it to
+//   3. MassDrawKernel (mass_draw.h), launched when such rows may exist (SampleArgs::top_p_rows).
+// Which row takes which path: row_path.h.
 // Design, measurements and what each version cost: kernels/gpu/NOTES.md.
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/gpu_sampler.h"
+#include "kernels/gpu/mass_draw.h"
+#include "kernels/gpu/mass_plan.h"
 #include "kernels/gpu/platform.h"
 #include "kernels/gpu/row_finish.h"
 #include "kernels/gpu/select.h"
@@ -281,12 +286,19 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
   }
 }
 
+// Pass 2: one block per row. A mass row gets its plan here; on the two-pass plan it is left to
+// MassDrawKernel (mass_draw.h), else it is finished here like every other row.
 template <DType kDType>
 __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
   __shared__ FinishShared sh;
   const int64_t row = blockIdx.x;
   if (p.device_batch != nullptr && row >= *p.device_batch) return;  // device sessions
   const RowParams params = p.params[p.params_count == 1 ? 0 : row];
+  if (IsMassRow(params, p.vocab, p.mass.enabled) &&
+      PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.chunks, row, p.chunks, params.top_p,
+                                  sh.mass_plan, sh.reduce) == MassPath::kTwoPass) {
+    return;
+  }
   const ChunkStats* stats = p.stats + row * p.chunks;
   for (int c = threadIdx.x; c < p.chunks; c += kFinishThreads) sh.staged[c] = stats[c];
   __syncthreads();
@@ -408,20 +420,58 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 int ChunksPerRow(int64_t vocab) { return static_cast<int>((vocab + kChunk - 1) / kChunk); }
 
+// The workspace, in this order: chunk stats, candidate keys and indices, then the mass path's
+// arrays (MassWorkspace).
+struct WorkspaceLayout {
+  size_t stats, candidate_key, candidate_index, hist_count, hist_hi, hist_lo, chunk_scale,
+      chunk_best, plan, counters, boundary_key, boundary_index, total;
+
+  WorkspaceLayout(int64_t batch, int64_t vocab) {
+    const size_t rows = static_cast<size_t>(batch);
+    const size_t slots = rows * ChunksPerRow(vocab);
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+      const size_t here = at;
+      at += AlignUp(bytes);
+      return here;
+    };
+    stats = take(slots * sizeof(ChunkStats));
+    candidate_key = take(slots * kCandidateCap * sizeof(uint32_t));
+    candidate_index = take(slots * kCandidateCap * sizeof(int32_t));
+    hist_count = take(slots * kMassBins * sizeof(uint32_t));
+    hist_hi = take(slots * kMassBins * sizeof(uint32_t));
+    hist_lo = take(slots * kMassBins * sizeof(uint32_t));
+    chunk_scale = take(slots * sizeof(double));
+    chunk_best = take(slots * sizeof(ChunkBest));
+    plan = take(rows * sizeof(MassPlan));
+    counters = take(2 * rows * sizeof(uint32_t));
+    boundary_key = take(rows * kSortCap * sizeof(uint32_t));
+    boundary_index = take(rows * kSortCap * sizeof(int32_t));
+    total = at;
+  }
+};
+
 template <DType kDType>
-int Launch(const SampleArgs& args, ChunkPassParams chunk, RowFinishParams finish,
-           hipStream_t stream) {
-  const dim3 chunk_grid(static_cast<unsigned>(chunk.chunks), static_cast<unsigned>(args.batch));
-  ChunkPassKernel<kDType><<<chunk_grid, kChunkThreads, 0, stream>>>(chunk);
+int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinishParams& finish,
+           const MassDrawParams& draw, hipStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(chunk.chunks), static_cast<unsigned>(args.batch));
+  ChunkPassKernel<kDType><<<grid, kChunkThreads, 0, stream>>>(chunk);
   RowFinishKernel<kDType><<<static_cast<unsigned>(args.batch), kFinishThreads, 0, stream>>>(finish);
+  if (draw.mass.enabled) MassDrawKernel<kDType><<<grid, kMassDrawThreads, 0, stream>>>(draw);
   return static_cast<int>(hipGetLastError());
 }
 
 }  // namespace
 
 size_t SampleWorkspaceBytes(int64_t batch, int64_t vocab, int32_t) {
-  const size_t slots = static_cast<size_t>(batch) * ChunksPerRow(vocab);
-  return AlignUp(slots * sizeof(ChunkStats)) + 2 * AlignUp(slots * kCandidateCap * 4);
+  return WorkspaceLayout(batch, vocab).total;
+}
+
+bool HasTopPRows(const RowParams* params, int64_t count, int64_t vocab) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (TopPAlone(params[i], vocab)) return true;
+  }
+  return false;
 }
 
 int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stream stream) {
@@ -433,18 +483,30 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
     return static_cast<int>(hipErrorInvalidValue);
   }
   const int chunks = ChunksPerRow(args.vocab);
-  const size_t slots = static_cast<size_t>(args.batch) * chunks;
+  const WorkspaceLayout layout(args.batch, args.vocab);
   char* ws = static_cast<char*>(workspace);
-  auto* stats = reinterpret_cast<ChunkStats*>(ws);
-  ws += AlignUp(slots * sizeof(ChunkStats));
-  auto* candidate_key = reinterpret_cast<uint32_t*>(ws);
-  ws += AlignUp(slots * kCandidateCap * 4);
-  auto* candidate_index = reinterpret_cast<int32_t*>(ws);
+  auto* stats = reinterpret_cast<ChunkStats*>(ws + layout.stats);
+  auto* candidate_key = reinterpret_cast<uint32_t*>(ws + layout.candidate_key);
+  auto* candidate_index = reinterpret_cast<int32_t*>(ws + layout.candidate_index);
+  auto* counters = reinterpret_cast<uint32_t*>(ws + layout.counters);
+  MassWorkspace mass;
+  // Logprobs, or no top-p rows: every row takes the one-block finish.
+  mass.enabled = args.top_logprobs < 0 && args.top_p_rows;
+  mass.hist_count = reinterpret_cast<uint32_t*>(ws + layout.hist_count);
+  mass.hist_hi = reinterpret_cast<uint32_t*>(ws + layout.hist_hi);
+  mass.hist_lo = reinterpret_cast<uint32_t*>(ws + layout.hist_lo);
+  mass.chunk_scale = reinterpret_cast<double*>(ws + layout.chunk_scale);
+  mass.chunk_best = reinterpret_cast<ChunkBest*>(ws + layout.chunk_best);
+  mass.plan = reinterpret_cast<MassPlan*>(ws + layout.plan);
+  mass.pass2_ticket = counters;
+  mass.boundary_fill = counters + args.batch;
+  mass.boundary_key = reinterpret_cast<uint32_t*>(ws + layout.boundary_key);
+  mass.boundary_index = reinterpret_cast<int32_t*>(ws + layout.boundary_index);
 
   const bool raw = args.top_logprobs >= 0 && args.logprob_source == LogprobSource::kRaw;
   const ChunkPassParams chunk{
       args.logits, args.vocab, args.row_stride, args.params,     args.params_count, chunks,
-      raw,         stats,      candidate_key,   candidate_index, args.device_batch};
+      raw,         stats,      candidate_key,   candidate_index, args.device_batch, mass};
   const RowFinishParams finish{args.logits,
                                args.vocab,
                                args.row_stride,
@@ -462,15 +524,19 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
                                args.sampled_rank,
                                args.top_ids,
                                args.top_values,
-                               args.device_batch};
+                               args.device_batch,
+                               mass};
+  const MassDrawParams draw{
+      args.logits,    args.vocab,  args.row_stride,   args.params, args.params_count, chunks, stats,
+      args.token_ids, args.status, args.device_batch, mass};
   auto* s = static_cast<hipStream_t>(stream);
   switch (args.dtype) {
     case DType::kFp32:
-      return Launch<DType::kFp32>(args, chunk, finish, s);
+      return Launch<DType::kFp32>(args, chunk, finish, draw, s);
     case DType::kFp16:
-      return Launch<DType::kFp16>(args, chunk, finish, s);
+      return Launch<DType::kFp16>(args, chunk, finish, draw, s);
     case DType::kBf16:
-      return Launch<DType::kBf16>(args, chunk, finish, s);
+      return Launch<DType::kBf16>(args, chunk, finish, draw, s);
   }
   return static_cast<int>(hipErrorInvalidValue);
 }

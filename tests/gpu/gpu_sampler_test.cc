@@ -87,7 +87,7 @@ TEST_F(GpuSamplerTest, TokensMatchTheCpuReference) {
   for (const Setting& setting : kSettings) {
     for (const Shape& shape : kShapes) {
       for (DType dtype : kDTypes) {
-        for (const char* kind : {"randn3", "peaked"}) {
+        for (const char* kind : {"randn3", "peaked", "zipf", "flat"}) {
           Batch b;
           b.dtype = dtype;
           b.batch = shape.batch;
@@ -126,7 +126,7 @@ TEST_F(GpuSamplerTest, TokensMatchTheCpuReference) {
 Batch DegenerateBatch(DType dtype) {
   Batch b;
   b.dtype = dtype;
-  b.batch = 7;
+  b.batch = 9;
   b.vocab = 1000;
   b.row_stride = b.vocab;
   const int64_t elem = DTypeSize(dtype);
@@ -136,13 +136,15 @@ Batch DegenerateBatch(DType dtype) {
   };
   std::mt19937_64 rng(99);
   for (int64_t j = 0; j < b.vocab; ++j) {
-    set(0, j, -kInf);                                             // no finite logit
-    set(1, j, static_cast<float>(j % 7));                         // NaN below
-    set(2, j, static_cast<float>(j % 5));                         // +inf below
-    set(3, j, 1.5f);                                              // all tied
-    set(4, j, j % 10 == 0 ? static_cast<float>(j % 13) : -kInf);  // 90% masked
-    set(5, j, static_cast<float>(j % 3));                         // heavy ties
-    set(6, j, j == 999 ? 2.0f : -kInf);                           // one finite token, last
+    set(0, j, -kInf);                                              // no finite logit
+    set(1, j, static_cast<float>(j % 7));                          // NaN below
+    set(2, j, static_cast<float>(j % 5));                          // +inf below
+    set(3, j, 1.5f);                                               // all tied
+    set(4, j, j % 10 == 0 ? static_cast<float>(j % 13) : -kInf);   // 90% masked
+    set(5, j, static_cast<float>(j % 3));                          // heavy ties
+    set(6, j, j == 999 ? 2.0f : -kInf);                            // one finite token, last
+    set(7, j, 2097152.0f + static_cast<float>(j % 3) * 16384.0f);  // past 2^20 (fp16: +inf)
+    set(8, j, -static_cast<float>(j % 41));                        // over 32 logits below the max
   }
   set(1, 500, std::numeric_limits<float>::quiet_NaN());
   set(2, 10, kInf);
@@ -239,6 +241,22 @@ TEST_F(GpuSamplerTest, ARowsTokenDoesNotDependOnTheBatchAroundIt) {
       big.params[place] = alone.params[0];
       EXPECT_EQ(RunGpu(big).tokens[place], token) << setting.name << " at row " << place;
     }
+  }
+}
+
+// Top-p rows without logprobs take the two-pass mass path (kernels/gpu/mass_plan.h): its
+// atomics run in any order, its sums must not.
+TEST_F(GpuSamplerTest, TopPTokensAreTheSameOnEveryRun) {
+  std::mt19937_64 rng(23);
+  for (const char* kind : {"randn3", "zipf"}) {
+    Batch b;
+    b.dtype = DType::kBf16;
+    b.batch = 64;
+    b.vocab = 151936;
+    FillLogits(b, kind, rng);
+    SetParams(b, Params(1.0f, 0, 0.95f, 0.0f), rng);
+    const Outputs first = RunGpu(b);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(RunGpu(b).tokens, first.tokens) << kind;
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_sampler.h"
@@ -90,10 +91,24 @@ void FillLogits(Batch& b, const std::string& kind, std::mt19937_64& rng) {
   const int64_t elem = DTypeSize(b.dtype);
   b.bytes.assign(static_cast<size_t>(b.batch * b.row_stride * elem), 0);
   std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<int64_t> rank(static_cast<size_t>(b.vocab));
   for (int64_t r = 0; r < b.batch; ++r) {
     const int64_t peak = static_cast<int64_t>(rng() % static_cast<uint64_t>(b.vocab));
+    if (kind == "zipf") {  // token of rank q has logit -1.5 ln(1 + q): ranks shuffled
+      for (int64_t j = 0; j < b.vocab; ++j) rank[j] = j;
+      std::shuffle(rank.begin(), rank.end(), rng);
+    }
     for (int64_t j = 0; j < b.vocab; ++j) {
-      float v = kind == "peaked" ? normal(rng) + (j == peak ? 12.0f : 0.0f) : 3.0f * normal(rng);
+      float v;
+      if (kind == "peaked") {
+        v = normal(rng) + (j == peak ? 12.0f : 0.0f);
+      } else if (kind == "zipf") {
+        v = -1.5f * std::log1p(static_cast<float>(rank[j])) + 0.1f * normal(rng);
+      } else if (kind == "flat") {
+        v = 0.25f;
+      } else {
+        v = 3.0f * normal(rng);
+      }
       StoreValue(b.dtype, v, &b.bytes[(r * b.row_stride + j) * elem]);
     }
   }

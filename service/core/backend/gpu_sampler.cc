@@ -327,6 +327,8 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   args.row_stride = batch.row_stride;
   args.params = At<const kernels::RowParams>(device_in_.ptr, params_offset);
   args.params_count = static_cast<int64_t>(batch.params.size());
+  // The two-pass top-p kernel is launched only for batches that have such rows.
+  args.top_p_rows = gpu::HasTopPRows(batch.params.data(), args.params_count, batch.vocab);
   args.top_logprobs = n;
   args.logprob_source = batch.logprob_source;
   args.token_ids = At<int32_t>(device_out_.ptr, out.token_ids);

@@ -1,0 +1,291 @@
+// Top-p over a row's chunks, part 2 of 2 (part 1 and the design: mass_plan.h).
+//
+// Pass 2 for a row whose MassPlan is kTwoPass: block (chunk c, row r) of MassDrawKernel reads
+// its chunk again. Tokens above the boundary bin compete in the
+// Gumbel-max draw at once (one Philox block per group of 4 tokens, as in pass 1); the boundary
+// bin's tokens are appended to the row's boundary list. The last block of the row sorts the list
+// (at most kSortCap tokens), keeps its prefix by the top-p rule, draws among it and compares
+// with every chunk's best: the row's token.
+#ifndef SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
+#define SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
+
+#include <cstdint>
+
+#include "kernels/gpu/chunk_pass.h"
+#include "kernels/gpu/device_common.h"
+#include "kernels/gpu/mass_plan.h"
+#include "kernels/gpu/select.h"
+
+namespace samplerd::kernels::gpu {
+
+inline constexpr int kMassDrawThreads = 256;
+
+struct MassDrawParams {
+  const void* logits;
+  int64_t vocab;
+  int64_t row_stride;
+  const RowParams* params;
+  int64_t params_count;
+  int chunks;
+  const ChunkStats* stats;  // [batch, chunks]
+  int32_t* token_ids;
+  RowStatus* status;
+  const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
+  MassWorkspace mass;
+};
+
+// Mass of a boundary token in the plan's units: its fixed-point mass relative to its chunk's
+// max, scaled as that chunk's histogram was (so the list adds up to its bin exactly).
+__device__ __forceinline__ double BoundaryWeight(uint32_t key, int32_t index,
+                                                 const float* chunk_max, const double* row_scale) {
+  const int c = index / kChunk;
+  return static_cast<double>(FixedMass32(KeyToFloat(key), chunk_max[c])) * row_scale[c];
+}
+
+// The last block of a mass row: sorts the boundary list, cuts it by the top-p rule and returns
+// the row's token (every thread gets it). Every thread of the block must call.
+template <int kThreads>
+__device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
+                                 const float* chunk_max, const double* chunk_scale, int64_t row,
+                                 int chunks, const RowParams& params, SelectStorage& s,
+                                 typename BlockReduce<kThreads>::Storage& reduce) {
+  using Reduce = BlockReduce<kThreads>;
+  const int n = static_cast<int>(plan.boundary_count);  // <= kSortCap on kTwoPass
+  const volatile uint32_t* list_key = ws.boundary_key + row * kSortCap;
+  const volatile int32_t* list_index = ws.boundary_index + row * kSortCap;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    s.sort.key[i] = list_key[i];
+    s.sort.index[i] = list_index[i];
+  }
+  if (threadIdx.x == 0) s.cut = static_cast<uint32_t>(n);
+  SortDescending<kThreads>(s, n);  // waits for the block before it reads
+  // Each thread owns kPer consecutive items: the mass strictly above a tie group's first item
+  // decides whether the group is kept (select.h's rule, in double).
+  constexpr int kPer = kSortCap / kThreads;
+  const int first = static_cast<int>(threadIdx.x) * kPer;
+  double mine = 0.0;
+  for (int i = first; i < first + kPer && i < n; ++i) {
+    mine += BoundaryWeight(s.sort.key[i], s.sort.index[i], chunk_max, chunk_scale);
+  }
+  double total = 0.0;
+  double running = plan.mass_above + Reduce::ExclusiveScanF64(reduce, mine, &total);
+  for (int i = first; i < first + kPer && i < n; ++i) {
+    const bool group_start = i == 0 || s.sort.key[i] != s.sort.key[i - 1];
+    if (group_start && !(running < plan.target)) {
+      atomicMin(&s.cut, static_cast<uint32_t>(i));
+      break;
+    }
+    running += BoundaryWeight(s.sort.key[i], s.sort.index[i], chunk_max, chunk_scale);
+  }
+  __syncthreads();
+  const int cut = static_cast<int>(s.cut);
+  // The chunks' best scores first: their maximum lets MayBeat skip most boundary tokens.
+  ArgMaxPair best{-kInfF, INT64_MAX};
+  const volatile ChunkBest* bests = ws.chunk_best + row * chunks;
+  for (int c = threadIdx.x; c < chunks; c += kThreads) {
+    const int32_t j = bests[c].index;
+    const ArgMaxPair scored{bests[c].score, j < 0 ? INT64_MAX : static_cast<int64_t>(j)};
+    if (j >= 0 && Better(scored, best)) best = scored;
+  }
+  const float floor_score = Reduce::Max(reduce, best.value);
+  for (int i = threadIdx.x; i < cut; i += kThreads) {
+    const int64_t j = s.sort.index[i];
+    const float z = KeyToFloat(s.sort.key[i]);
+    const float u = PhiloxUniform(params.seed, params.position, static_cast<uint64_t>(j));
+    if (!MayBeat(z, u, floor_score)) continue;
+    const ArgMaxPair scored{z + GumbelFromUniform(u), j};
+    if (Better(scored, best)) best = scored;
+  }
+  return Reduce::ArgMax(reduce, best).index;
+}
+
+// Shared memory of MassDrawKernel: the chunk (widened to fp32), then, in the row's last block,
+// the sort of the boundary list.
+inline constexpr int kKeptQueue = 4096;  // kept tokens drawn per round
+
+struct MassDrawShared {
+  union {
+    float chunk[kChunk];
+    SelectStorage select;
+  };
+  union {
+    uint16_t kept[kKeptQueue];  // chunk offsets of the kept tokens of this round
+    struct {                    // the last block's copy of the row's chunk references
+      float max[kMaxStagedChunks];
+      double scale[kMaxStagedChunks];
+    } ref;
+  };
+  uint32_t fill;  // boundary tokens of this block
+  uint32_t base;  // their first slot in the row's list
+  uint32_t ticket;
+};
+
+// Pass 2 of a kTwoPass mass row: block (chunk, row). Writes the row's token and status when it
+// is the row's last block. Every thread of the block must call.
+//
+// The chunk's loads are issued at once and staged in shared memory; the per-token work then runs
+// as a loop that is not unrolled. At small batches a kernel's time is mostly instruction fetch
+// from a cold cache (ncu: 64% of pass 1's stall samples at B = 1 were "no instruction"), so
+// compact code matters more there than unrolled arithmetic (NOTES.md v8).
+template <DType kDType, int kThreads>
+__device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, const void* row_ptr,
+                              int64_t vocab, const ChunkStats* row_stats, int64_t row, int chunk,
+                              int chunks, const RowParams& params, MassDrawShared& sh,
+                              typename BlockReduce<kThreads>::Storage& reduce, int32_t* token_ids,
+                              RowStatus* status) {
+  constexpr int kGroups = kChunk / 4 / kThreads;  // groups of 4 tokens per thread
+  static_assert(kGroups * 4 * kThreads == kChunk, "a chunk splits evenly");
+  static_assert(kGroups <= 32, "one bit per group in a 32-bit mask");
+  const int64_t begin = static_cast<int64_t>(chunk) * kChunk;
+  const int64_t end = begin + kChunk < vocab ? begin + kChunk : vocab;
+  // Group g of this thread: tokens [begin + at, begin + at + 4), at = (g * kThreads + tid) * 4.
+  auto local_at = [&](int g) { return (g * kThreads + static_cast<int>(threadIdx.x)) * 4; };
+  {
+    float v[kGroups * 4];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+      LoadGroup<kDType>(row_ptr, begin + local_at(g), end, &v[g * 4]);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      *reinterpret_cast<float4*>(&sh.chunk[local_at(g)]) =
+          make_float4(v[g * 4], v[g * 4 + 1], v[g * 4 + 2], v[g * 4 + 3]);
+    }
+  }
+  if (threadIdx.x == 0) sh.fill = 0;
+  const bool unit_temperature = params.temperature == 1.0f;
+  const float boundary = static_cast<float>(plan.boundary_bin);
+  auto z_of = [&](float x) { return unit_temperature ? x : x / params.temperature; };
+  // -inf (and NaN, which a kTwoPass row has none of) lands in no bin.
+  auto bin_of = [&](float z) {
+    return z > -kInfF ? plan.row_top - floorf(z * kMassBinsPerLogit) : kInfF;
+  };
+  // Pass over the chunk: count the kept tokens (above the boundary bin) and mark the groups
+  // holding boundary tokens.
+  uint32_t kept_tokens = 0;
+  uint32_t boundary_groups = 0;  // bit g: group g holds a boundary token
+  uint32_t boundary_tokens = 0;
+#pragma unroll 1
+  for (int g = 0; g < kGroups; ++g) {
+    const float4 x4 = *reinterpret_cast<const float4*>(&sh.chunk[local_at(g)]);
+    const float b[4] = {bin_of(z_of(x4.x)), bin_of(z_of(x4.y)), bin_of(z_of(x4.z)),
+                        bin_of(z_of(x4.w))};
+    uint32_t here = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      kept_tokens += b[e] < boundary;
+      here += b[e] == boundary;
+    }
+    if (here > 0) {
+      boundary_groups |= 1u << g;
+      boundary_tokens += here;
+    }
+  }
+  // The kept tokens compete in the Gumbel-max draw. They are sparse (9% of randn x 3 at p =
+  // 0.95), so drawing in place would run the Philox and log code for whole waves where one lane
+  // needs it (142 lane-instructions a token measured): they are queued first, then drawn with
+  // every lane busy, the exact Gumbel only where MayBeat says it could win.
+  uint64_t total_kept = 0;
+  const uint32_t first_kept =
+      static_cast<uint32_t>(BlockReduce<kThreads>::ExclusiveScan(reduce, kept_tokens, &total_kept));
+  ArgMaxPair best{-kInfF, INT64_MAX};
+  // A floor for MayBeat from the start: the score of the chunk's largest logit, if it is kept
+  // (it is drawn again from the queue; the floor only lets others be skipped).
+  float floor_score = -kInfF;
+  {
+    const int64_t top = row_stats[chunk].argmax_x;
+    if (top >= begin && top < end) {
+      const float z = z_of(sh.chunk[top - begin]);
+      if (bin_of(z) < boundary) {
+        floor_score = z + GumbelNoise(params.seed, params.position, static_cast<uint64_t>(top));
+      }
+    }
+  }
+  for (uint32_t round = 0; round < total_kept; round += kKeptQueue) {
+    uint32_t at = first_kept;
+    if (at < round + kKeptQueue && at + kept_tokens > round) {
+#pragma unroll 1
+      for (int g = 0; g < kGroups; ++g) {
+        for (int e = 0; e < 4; ++e) {
+          const int local = local_at(g) + e;
+          if (!(bin_of(z_of(sh.chunk[local])) < boundary)) continue;
+          if (at >= round && at < round + kKeptQueue) sh.kept[at - round] = local;
+          ++at;
+        }
+      }
+    }
+    __syncthreads();
+    const int queued =
+        static_cast<int>(total_kept - round < kKeptQueue ? total_kept - round : kKeptQueue);
+    for (int q = threadIdx.x; q < queued; q += kThreads) {
+      const int local = sh.kept[q];
+      const float z = z_of(sh.chunk[local]);
+      const int64_t j = begin + local;
+      const float u = UniformFromBits(PhiloxBits(params.seed, params.position, j));
+      if (!MayBeat(z, u, fmaxf(floor_score, best.value))) continue;
+      const ArgMaxPair scored{z + GumbelFromUniform(u), j};
+      if (Better(scored, best)) best = scored;
+    }
+    __syncthreads();
+  }
+  // The boundary tokens: one shared atomic per thread and one global atomic per block (one
+  // global atomic per token serialised the blocks of a row on one address).
+  __syncthreads();  // sh.fill is zero
+  const uint32_t mine = boundary_tokens > 0 ? atomicAdd(&sh.fill, boundary_tokens) : 0;
+  __syncthreads();
+  if (threadIdx.x == 0 && sh.fill > 0) sh.base = atomicAdd(ws.boundary_fill + row, sh.fill);
+  __syncthreads();
+  uint32_t slot = sh.base + mine;
+  while (boundary_groups != 0) {
+    const int g = __ffs(boundary_groups) - 1;
+    boundary_groups &= boundary_groups - 1;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float z = z_of(sh.chunk[local_at(g) + e]);
+      if (!(bin_of(z) == boundary)) continue;
+      if (slot < static_cast<uint32_t>(kSortCap)) {
+        ws.boundary_key[row * kSortCap + slot] = OrderedKey(z);
+        ws.boundary_index[row * kSortCap + slot] = static_cast<int32_t>(begin + local_at(g) + e);
+      }
+      ++slot;
+    }
+  }
+  best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: every thread is done with sh.chunk
+  if (threadIdx.x == 0) {
+    ws.chunk_best[row * chunks + chunk] =
+        ChunkBest{best.value, best.index == INT64_MAX ? -1 : static_cast<int32_t>(best.index)};
+  }
+  if (!LastToArrive(ws.pass2_ticket + row, static_cast<uint32_t>(chunks), &sh.ticket)) return;
+  for (int c = threadIdx.x; c < chunks; c += kThreads) {
+    sh.ref.max[c] = row_stats[c].max_z;
+    sh.ref.scale[c] = ws.chunk_scale[row * chunks + c];
+  }
+  const int64_t token = FinishMassRow<kThreads>(ws, plan, sh.ref.max, sh.ref.scale, row, chunks,
+                                                params, sh.select, reduce);
+  if (threadIdx.x == 0) {
+    token_ids[row] = static_cast<int32_t>(token);
+    status[row] = RowStatus::kOk;
+  }
+}
+
+// Launch: grid (chunks, batch), kMassDrawThreads threads, after RowFinishKernel made the plans.
+// Blocks of rows that are not on a two-pass plan leave at once.
+template <DType kDType>
+__global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawParams p) {
+  __shared__ MassDrawShared sh;
+  __shared__ typename BlockReduce<kMassDrawThreads>::Storage reduce;
+  const int64_t row = blockIdx.y;
+  if (p.device_batch != nullptr && row >= *p.device_batch) return;  // device sessions
+  const RowParams params = p.params[p.params_count == 1 ? 0 : row];
+  if (!IsMassRow(params, p.vocab, p.mass.enabled)) return;
+  const MassPlan plan = p.mass.plan[row];
+  if (plan.path != MassPath::kTwoPass) return;
+  const size_t elem = kDType == DType::kFp32 ? 4 : 2;
+  const void* row_ptr = static_cast<const char*>(p.logits) + row * p.row_stride * elem;
+  MassDrawChunk<kDType, kMassDrawThreads>(p.mass, plan, row_ptr, p.vocab, p.stats + row * p.chunks,
+                                          row, static_cast<int>(blockIdx.x), p.chunks, params, sh,
+                                          reduce, p.token_ids, p.status);
+}
+
+}  // namespace samplerd::kernels::gpu
+
+#endif  // SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
