@@ -186,6 +186,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   // A chunk whose max is out of the histogram's range makes none; the plan never reads it (or
   // falls back).
   const bool histogram = mass && fabsf(max_z) < kMassMaxChunkAbs;
+  float min_z = kInfF;  // of the finite z: the plan spots rows whose tokens are all tied
   if (histogram) {
     const float top = floorf(max_z * kMassBinsPerLogit);
 #pragma unroll 1
@@ -195,9 +196,12 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float z = temper(v[e]);
-        if (z > -kInfF) AddToMassHistogram(mass_sh, z, max_z, top);
+        if (!(z > -kInfF)) continue;
+        min_z = fminf(min_z, z);
+        AddToMassHistogram(mass_sh, z, max_z, top);
       }
     }
+    min_z = Reduce::Min(reduce, min_z);
   }
   // Counts are at most 8192 each: pack them 16 bits apart for one reduction.
   const uint64_t counts = Reduce::SumU64(
@@ -279,6 +283,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   if (threadIdx.x == 0) {
     ChunkStats s;
     s.max_z = max_z;
+    s.min_z = min_z;
     s.sum_exp_z = sum_z;
     s.max_x = best.value;
     s.sum_exp_x = sum_x;

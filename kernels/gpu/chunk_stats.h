@@ -17,6 +17,7 @@ inline constexpr int kMaxStagedChunks = 512;  // chunks a row may have: V <= 4,1
 // What pass 1 learns about one chunk of one row.
 struct ChunkStats {
   float max_z;       // max of z = x / T over the chunk (-inf when every z is -inf)
+  float min_z;       // min of the finite z, for rows with a mass histogram only (else +inf)
   float sum_exp_z;   // sum of exp(z - max_z) over finite z, for JOINT top-p rows only
   float max_x;       // max of x (NaN excluded)
   float sum_exp_x;   // sum of exp(x - max_x) over finite x, when raw logprobs are asked for

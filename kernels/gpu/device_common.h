@@ -146,6 +146,8 @@ struct BlockReduce {
     return out;
   }
 
+  __device__ static float Min(Storage& s, float v) { return -Max(s, -v); }
+
   __device__ static float Sum(Storage& s, float v) {
     v = WaveSum(v);
     if (Leader()) s.f[Wave()] = v;

@@ -151,15 +151,18 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
                                 typename BlockReduce<kThreads>::Storage& reduce) {
   static_assert(kThreads > kMassBins, "one bin per thread, and one more for the total");
   using Reduce = BlockReduce<kThreads>;
-  float local_max = -kInfF;
+  float local_max = -kInfF, local_min = kInfF;
   uint64_t flags = 0;  // chunks with NaN | with +inf z (<< 20) | with a finite x (<< 40)
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
     const ChunkStats& s = stats[c];
     local_max = fmaxf(local_max, s.max_z);
+    local_min = fminf(local_min, s.min_z);
     flags += (s.nan_count > 0 ? 1ull : 0ull) | (s.pos_inf_z > 0 ? 1ull << 20 : 0ull) |
              (s.not_neg_inf_x > 0 ? 1ull << 40 : 0ull);
   }
   const float row_max = Reduce::Max(reduce, local_max);
+  // Every finite z of the chunks that can hold kept tokens equals the max: one tie group.
+  const bool tied = Reduce::Min(reduce, local_min) == row_max;
   flags = Reduce::SumU64(reduce, flags);
   const bool usable = (flags & 0xfffff) == 0 && ((flags >> 20) & 0xfffff) == 0 &&
                       (flags >> 40) > 0 && fabsf(row_max) < kMassMaxRowAbs;
@@ -240,6 +243,13 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
     out.path = count <= static_cast<uint32_t>(kSortCap) ? MassPath::kTwoPass : MassPath::kFallback;
     out.boundary_bin = k;
     out.boundary_count = count;
+    if (tied) {
+      // A tie group is kept whole, and here it is every kept candidate: all of bin k is kept
+      // (above a boundary bin k + 1 that is empty), however many tokens it holds.
+      out.path = MassPath::kTwoPass;
+      out.boundary_bin = k + 1;
+      out.boundary_count = 0;
+    }
     out.row_top = row_top;
     out.target = target;
     out.mass_above = above;
