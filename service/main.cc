@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "service/core/sampler_core.h"
 #include "service/flags.h"
+#include "service/grpc/protobuf_log.h"
 #include "service/grpc/server.h"
 #include "service/metrics/http_exporter.h"
 #include "service/metrics/registry.h"
@@ -65,6 +66,14 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, kFaultSignal);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  // libprotobuf logs a line for every request with a string that is not UTF-8: at most
+  // kProtobufLogLinesPerMinute of them reach the log, the rest are counted (protobuf_log.h).
+  // Static: the handler stays installed until the process exits.
+  static samplerd::grpc_transport::LogRateLimiter protobuf_log(
+      "libprotobuf", samplerd::grpc_transport::kProtobufLogLinesPerMinute, absl::Minutes(1),
+      [](const std::string& line) { Log(line); });
+  samplerd::grpc_transport::RouteProtobufLogTo(&protobuf_log);
 
   absl::StatusOr<samplerd::ProcessOptions> options = samplerd::OptionsFromFlags();
   if (!options.ok()) return Fail("bad flags", options.status());
@@ -145,6 +154,7 @@ int main(int argc, char** argv) {
   server->reset();
   core->reset();
   exporter.reset();  // after the core: its last requests are still counted
+  protobuf_log.Flush();
   Log(absl::StrCat(
       drained ? "stopped" : "stopped with work still in flight at the deadline",
       faulted ? absl::StrCat(", exit code ", kExitBackendFault, " (backend fault)") : ""));

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "service/grpc/convert.h"
 #include "service/grpc/peer.h"
+#include "service/grpc/raw_message.h"
 #include "service/grpc/status_convert.h"
 
 namespace samplerd::grpc_transport {
@@ -39,14 +40,27 @@ DeviceSessionReactor::DeviceSessionReactor(core::SessionManager* sessions,
     EndLocked(ToGrpcStatus(peer));
     return;
   }
-  StartRead(&read_);
+  StartRead(&read_bytes_);
 }
 
 void DeviceSessionReactor::OnReadDone(bool ok) {
+  // Parsed before taking mu_: only the read in flight uses read_ and read_bytes_, and the next
+  // read starts under mu_ below.
+  absl::Status parsed;
+  if (ok) {
+    read_.Clear();
+    parsed = ParseMessage(&read_bytes_, &read_);
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  if (ok && !parsed.ok()) {
+    read_error_ = parsed;
+  }
   switch (state_) {
     case State::kAwaitingOpen:
-      if (!ok) {
+      if (!read_error_.ok()) {
+        state_ = State::kEnded;
+        EndLocked(ToGrpcStatus(read_error_));
+      } else if (!ok) {
         state_ = State::kEnded;
         EndLocked(InvalidArgument(
             "expected the first DeviceSession message to set open, got the end of the stream"));
@@ -80,14 +94,22 @@ void DeviceSessionReactor::OpenLocked() {
   state_ = State::kOpen;
   id_ = opened->id;
   ToProto(*opened, opened_.mutable_opened());
+  WriteLocked(opened_);
+  StartRead(&read_bytes_);  // the next message, or the end of the stream, ends the session
+}
+
+void DeviceSessionReactor::WriteLocked(const v1::DeviceSessionResponse& message) {
+  // These responses are a few bytes: serializing them cannot fail.
+  SerializeMessage(message, &write_bytes_).IgnoreError();
   writing_ = true;
-  StartWrite(&opened_);
-  read_.Clear();
-  StartRead(&read_);  // the next message, or the end of the stream, ends the session
+  StartWrite(&write_bytes_);
 }
 
 void DeviceSessionReactor::WhileOpenLocked(bool ok) {
-  if (!ok) {
+  if (!read_error_.ok()) {
+    CloseLocked(false, ToGrpcStatus(absl::InvalidArgumentError(
+                           absl::StrCat(read_error_.message(), "; the session is closed"))));
+  } else if (!ok) {
     // Half-closed, cancelled or gone. A cancelled call cannot take an answer.
     if (context_->IsCancelled()) {
       CloseLocked(false, grpc::Status(grpc::StatusCode::CANCELLED,
@@ -132,8 +154,7 @@ void DeviceSessionReactor::ProgressLocked() {
   if (finished_ || writing_) return;
   if (closed_due_ && !write_failed_) {
     closed_due_ = false;
-    writing_ = true;
-    StartWrite(&closed_);
+    WriteLocked(closed_);
     return;
   }
   if (finish_.has_value()) {

@@ -2,7 +2,9 @@
 // lives. The first message opens the session (SessionManager::Open) and is answered `opened`;
 // `close`, the client half-closing, cancelling or going away ends it (answered `closed` while
 // the call is still there); the session ending on its own (drain: UNAVAILABLE, a runner fault:
-// its status) ends the call.
+// its status) ends the call. A message that does not parse as a DeviceSessionRequest (messages
+// arrive raw, raw_message.h) ends the call with INVALID_ARGUMENT, closing an open session
+// without a `closed` answer.
 #ifndef SAMPLERD_SERVICE_GRPC_DEVICE_SESSION_REACTOR_H_
 #define SAMPLERD_SERVICE_GRPC_DEVICE_SESSION_REACTOR_H_
 
@@ -19,7 +21,7 @@
 namespace samplerd::grpc_transport {
 
 class DeviceSessionReactor final
-    : public grpc::ServerBidiReactor<v1::DeviceSessionRequest, v1::DeviceSessionResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // A session names regions: it needs a unix-socket peer unless `allow_remote_regions`
   // (peer.h). `sessions` must outlive the call.
@@ -37,6 +39,8 @@ class DeviceSessionReactor final
   void OpenLocked();
   // Handles a message, or the end of reads, of an open session (mu_ held).
   void WhileOpenLocked(bool ok);
+  // Serializes `message` and starts writing it (mu_ held; no write pending).
+  void WriteLocked(const v1::DeviceSessionResponse& message);
   // Closes the session; then answers `closed` and finishes with `status` when `answer`, else
   // finishes with `status` at once (mu_ held). A session that has ended meanwhile finishes
   // through OnSessionEnded instead.
@@ -53,7 +57,10 @@ class DeviceSessionReactor final
   std::mutex mu_;
   State state_ = State::kAwaitingOpen;
   std::string id_;
+  grpc::ByteBuffer read_bytes_;  // the message being read; parsed into read_
   v1::DeviceSessionRequest read_;
+  absl::Status read_error_;  // why read_bytes_ did not parse
+  grpc::ByteBuffer write_bytes_;
   v1::DeviceSessionResponse opened_;
   v1::DeviceSessionResponse closed_;
   bool writing_ = false;

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "service/grpc/convert.h"
 #include "service/grpc/peer.h"
+#include "service/grpc/raw_message.h"
+#include "service/grpc/status_convert.h"
 
 namespace samplerd::grpc_transport {
 
@@ -21,9 +23,26 @@ SampleStreamReactor::SampleStreamReactor(core::SamplerCore* core,
 }
 
 void SampleStreamReactor::OnReadDone(bool ok) {
+  // Parsed before taking mu_ (a step may be large): read_ and read_bytes_ belong to the read in
+  // flight, and no other read starts before reading_ is cleared below.
+  absl::Status parsed;
+  if (ok) {
+    read_.Clear();
+    parsed = ParseMessage(&read_bytes_, &read_);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   reading_ = false;
-  if (!ok) {
+  if (ok && !parsed.ok()) {
+    reads_done_ = true;  // nothing after a message that does not parse can be trusted
+    end_status_ = absl::InvalidArgumentError(absl::StrCat(
+        parsed.message(), "; the stream ends here, every step before this message was answered"));
+    if (assembling_ != nullptr) {
+      FailLocked(assembling_, absl::InvalidArgumentError(
+                                  "expected the step's remaining chunks, got a message that "
+                                  "does not parse"));
+      assembling_ = nullptr;
+    }
+  } else if (!ok) {
     reads_done_ = true;
     if (assembling_ != nullptr) {
       FailLocked(assembling_, absl::InvalidArgumentError(
@@ -145,13 +164,18 @@ void SampleStreamReactor::ProgressLocked() {
     while (!steps_.empty() && steps_.front()->ready) steps_.pop_front();
   }
   if (!broken_ && !writing_ && !steps_.empty() && steps_.front()->ready) {
+    Step* step = steps_.front().get();
+    const absl::Status serialized = SerializeMessage(step->response, &write_bytes_);
+    if (!serialized.ok()) {  // a response over 2 GiB: answer the step with why instead
+      FailLocked(step, serialized);
+      SerializeMessage(step->response, &write_bytes_).IgnoreError();  // a few bytes now
+    }
     writing_ = true;
-    StartWrite(&steps_.front()->response);
+    StartWrite(&write_bytes_);
   }
   if (!reading_ && !reads_done_ && !broken_ && steps_.size() < kMaxStepsInFlight) {
     reading_ = true;
-    read_.Clear();
-    StartRead(&read_);
+    StartRead(&read_bytes_);
   }
   // A broken stream finishes once nothing of ours is pending; a healthy one once the client
   // has half-closed and every step is answered.
@@ -160,7 +184,7 @@ void SampleStreamReactor::ProgressLocked() {
   if (done) {
     finished_ = true;
     Finish(broken_ ? grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed")
-                   : grpc::Status::OK);
+                   : ToGrpcStatus(end_status_));
   }
 }
 

@@ -4,6 +4,11 @@
 //
 // A step may be split into chunks: a message with `request` and `more_chunks` set starts it,
 // messages with only `chunk` continue it, the first without `more_chunks` ends it.
+//
+// A message that does not parse as a SampleStreamRequest ends the stream: nothing after it is
+// read, every step before it is answered, then the stream finishes INVALID_ARGUMENT with
+// ParseMessage's message (a chunked step it interrupts is answered INVALID_ARGUMENT first).
+// Messages arrive raw (raw_message.h) so that this is told apart from the client's half-close.
 #ifndef SAMPLERD_SERVICE_GRPC_SAMPLE_STREAM_REACTOR_H_
 #define SAMPLERD_SERVICE_GRPC_SAMPLE_STREAM_REACTOR_H_
 
@@ -21,7 +26,7 @@
 namespace samplerd::grpc_transport {
 
 class SampleStreamReactor final
-    : public grpc::ServerBidiReactor<v1::SampleStreamRequest, v1::SampleStreamResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // Steps read ahead of the oldest unanswered one; bounds a stream's memory.
   static constexpr size_t kMaxStepsInFlight = 32;
@@ -59,14 +64,17 @@ class SampleStreamReactor final
   const bool allow_remote_regions_;
   metrics::SamplerMetrics* const metrics_;
   std::mutex mu_;
+  grpc::ByteBuffer read_bytes_;  // the message being read; parsed into read_
   v1::SampleStreamRequest read_;
+  grpc::ByteBuffer write_bytes_;             // the front step's response, serialized, while writing
   std::deque<std::unique_ptr<Step>> steps_;  // arrival order; front is the next to write
   Step* assembling_ = nullptr;               // a chunked step waiting for more chunks
   size_t computing_ = 0;                     // steps handed to the core, not yet answered
   bool reading_ = false;
   bool reads_done_ = false;
   bool writing_ = false;
-  bool broken_ = false;  // a write failed: drop answers, finish when the core is done
+  bool broken_ = false;      // a write failed: drop answers, finish when the core is done
+  absl::Status end_status_;  // the stream's final status when not broken (a message's parse error)
   bool finished_ = false;
 };
 

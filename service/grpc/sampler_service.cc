@@ -34,19 +34,18 @@ absl::StatusOr<core::RegionInfo> Register(core::RegionRegistry* regions,
 
 }  // namespace
 
-void SamplerServiceImpl::Finish(grpc::ServerUnaryReactor* reactor, Method method,
-                                grpc::Status status) {
+void SamplerServiceImpl::Finish(RawUnaryCall* call, Method method, grpc::Status status) {
   if (metrics_ != nullptr) {
     metrics_->CountRequest(method, static_cast<absl::StatusCode>(status.error_code()));
   }
-  reactor->Finish(std::move(status));
+  call->Reply(std::move(status));
 }
 
-grpc::ServerUnaryReactor* SamplerServiceImpl::FinishNow(grpc::CallbackServerContext* context,
-                                                        Method method, grpc::Status status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Finish(reactor, method, std::move(status));
-  return reactor;
+bool SamplerServiceImpl::Parse(RawUnaryCall* call, const grpc::ByteBuffer* raw, Method method) {
+  const absl::Status status = call->ParseRequest(*raw);
+  if (status.ok()) return true;
+  Finish(call, method, ToGrpcStatus(status));
+  return false;
 }
 
 void SamplerServiceImpl::UpdateRegionGauges() {
@@ -61,80 +60,105 @@ void SamplerServiceImpl::UpdateRegionGauges() {
 }
 
 grpc::ServerUnaryReactor* SamplerServiceImpl::Sample(grpc::CallbackServerContext* context,
-                                                     const v1::SampleRequest* request,
-                                                     v1::SampleResponse* response) {
+                                                     const grpc::ByteBuffer* raw_request,
+                                                     grpc::ByteBuffer* raw_response) {
+  auto* call = new UnaryCall<v1::SampleRequest, v1::SampleResponse>(raw_response);
+  if (!Parse(call, raw_request, Method::kSample)) return call;
+  // The core request views the inline bytes of call->request, which lives until the call ends.
   core::SampleRequest core_request;
-  absl::Status status = FromProto(*request, &core_request);
-  if (status.ok() && UsesRegions(*request)) {
+  absl::Status status = FromProto(call->request, &core_request);
+  if (status.ok() && UsesRegions(call->request)) {
     status = CheckRegionPeer(context->peer(), allow_remote_regions_);
   }
-  if (!status.ok()) return FinishNow(context, Method::kSample, ToGrpcStatus(status));
+  if (!status.ok()) {
+    Finish(call, Method::kSample, ToGrpcStatus(status));
+    return call;
+  }
   core_request.deadline = DeadlineOf(*context);
   core_request.is_cancelled = [context] { return context->IsCancelled(); };
 
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   status = core_->SampleAsync(std::move(core_request),
-                              [this, reactor, response](absl::StatusOr<core::SampleResult> result) {
+                              [this, call](absl::StatusOr<core::SampleResult> result) {
                                 if (!result.ok()) {
-                                  Finish(reactor, Method::kSample, ToGrpcStatus(result.status()));
+                                  Finish(call, Method::kSample, ToGrpcStatus(result.status()));
                                   return;
                                 }
-                                ToProto(*result, response);
-                                Finish(reactor, Method::kSample, grpc::Status::OK);
+                                ToProto(*result, &call->response);
+                                Finish(call, Method::kSample, grpc::Status::OK);
                               });
-  if (!status.ok()) Finish(reactor, Method::kSample, ToGrpcStatus(status));
-  return reactor;
+  if (!status.ok()) Finish(call, Method::kSample, ToGrpcStatus(status));
+  return call;
 }
 
-grpc::ServerBidiReactor<v1::SampleStreamRequest, v1::SampleStreamResponse>*
-SamplerServiceImpl::SampleStream(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SamplerServiceImpl::SampleStream(
+    grpc::CallbackServerContext* context) {
   return new SampleStreamReactor(core_, context, allow_remote_regions_, metrics_);
 }
 
-grpc::ServerBidiReactor<v1::DeviceSessionRequest, v1::DeviceSessionResponse>*
-SamplerServiceImpl::DeviceSession(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SamplerServiceImpl::DeviceSession(
+    grpc::CallbackServerContext* context) {
   return new DeviceSessionReactor(&core_->sessions(), context, allow_remote_regions_);
 }
 
-grpc::ServerUnaryReactor* SamplerServiceImpl::RegisterRegion(
-    grpc::CallbackServerContext* context, const v1::RegisterRegionRequest* request,
-    v1::RegisterRegionResponse* response) {
+grpc::ServerUnaryReactor* SamplerServiceImpl::RegisterRegion(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* raw_request,
+                                                             grpc::ByteBuffer* raw_response) {
+  auto* call = new UnaryCall<v1::RegisterRegionRequest, v1::RegisterRegionResponse>(raw_response);
+  if (!Parse(call, raw_request, Method::kRegisterRegion)) return call;
   absl::Status status = CheckRegionPeer(context->peer(), allow_remote_regions_);
-  if (!status.ok()) return FinishNow(context, Method::kRegisterRegion, ToGrpcStatus(status));
-  absl::StatusOr<core::RegionInfo> info = Register(&core_->regions(), *request);
+  if (!status.ok()) {
+    Finish(call, Method::kRegisterRegion, ToGrpcStatus(status));
+    return call;
+  }
+  absl::StatusOr<core::RegionInfo> info = Register(&core_->regions(), call->request);
   if (!info.ok()) {
-    return FinishNow(context, Method::kRegisterRegion, ToGrpcStatus(info.status()));
+    Finish(call, Method::kRegisterRegion, ToGrpcStatus(info.status()));
+    return call;
   }
   UpdateRegionGauges();
-  ToProto(*info, response->mutable_region());
-  return FinishNow(context, Method::kRegisterRegion, grpc::Status::OK);
+  ToProto(*info, call->response.mutable_region());
+  Finish(call, Method::kRegisterRegion, grpc::Status::OK);
+  return call;
 }
 
-grpc::ServerUnaryReactor* SamplerServiceImpl::UnregisterRegion(
-    grpc::CallbackServerContext* context, const v1::UnregisterRegionRequest* request,
-    v1::UnregisterRegionResponse*) {
+grpc::ServerUnaryReactor* SamplerServiceImpl::UnregisterRegion(grpc::CallbackServerContext* context,
+                                                               const grpc::ByteBuffer* raw_request,
+                                                               grpc::ByteBuffer* raw_response) {
+  auto* call =
+      new UnaryCall<v1::UnregisterRegionRequest, v1::UnregisterRegionResponse>(raw_response);
+  if (!Parse(call, raw_request, Method::kUnregisterRegion)) return call;
   absl::Status status = CheckRegionPeer(context->peer(), allow_remote_regions_);
-  if (status.ok()) status = core_->regions().Unregister(request->name());
+  if (status.ok()) status = core_->regions().Unregister(call->request.name());
   if (status.ok()) UpdateRegionGauges();
-  return FinishNow(context, Method::kUnregisterRegion, ToGrpcStatus(status));
+  Finish(call, Method::kUnregisterRegion, ToGrpcStatus(status));
+  return call;
 }
 
 grpc::ServerUnaryReactor* SamplerServiceImpl::ListRegions(grpc::CallbackServerContext* context,
-                                                          const v1::ListRegionsRequest*,
-                                                          v1::ListRegionsResponse* response) {
+                                                          const grpc::ByteBuffer* raw_request,
+                                                          grpc::ByteBuffer* raw_response) {
+  auto* call = new UnaryCall<v1::ListRegionsRequest, v1::ListRegionsResponse>(raw_response);
+  if (!Parse(call, raw_request, Method::kListRegions)) return call;
   absl::Status status = CheckRegionPeer(context->peer(), allow_remote_regions_);
-  if (!status.ok()) return FinishNow(context, Method::kListRegions, ToGrpcStatus(status));
-  for (const core::RegionInfo& info : core_->regions().List()) {
-    ToProto(info, response->add_regions());
+  if (!status.ok()) {
+    Finish(call, Method::kListRegions, ToGrpcStatus(status));
+    return call;
   }
-  return FinishNow(context, Method::kListRegions, grpc::Status::OK);
+  for (const core::RegionInfo& info : core_->regions().List()) {
+    ToProto(info, call->response.add_regions());
+  }
+  Finish(call, Method::kListRegions, grpc::Status::OK);
+  return call;
 }
 
-grpc::ServerUnaryReactor* SamplerServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
-                                                            const v1::GetServerInfoRequest*,
-                                                            v1::GetServerInfoResponse* response) {
-  ToProto(core_->Info(), max_message_bytes_, response);
-  return FinishNow(context, Method::kGetServerInfo, grpc::Status::OK);
+grpc::ServerUnaryReactor* SamplerServiceImpl::GetServerInfo(grpc::CallbackServerContext*,
+                                                            const grpc::ByteBuffer* raw_request,
+                                                            grpc::ByteBuffer* raw_response) {
+  auto* call = new UnaryCall<v1::GetServerInfoRequest, v1::GetServerInfoResponse>(raw_response);
+  if (!Parse(call, raw_request, Method::kGetServerInfo)) return call;
+  ToProto(core_->Info(), max_message_bytes_, &call->response);
+  Finish(call, Method::kGetServerInfo, grpc::Status::OK);
+  return call;
 }
 
 }  // namespace samplerd::grpc_transport

@@ -9,6 +9,7 @@
 
 #include "samplerd/v1/sampler.grpc.pb.h"
 #include "service/core/sampler_core.h"
+#include "service/grpc/raw_message.h"
 #include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::grpc_transport {
@@ -20,7 +21,19 @@ namespace samplerd::grpc_transport {
 //
 // With metrics, every answered call is counted by method and code (samplerd_requests_total;
 // SampleStream per step) and the region gauges follow registrations.
-class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
+// Every method is registered raw (grpc::ByteBuffer in and out) and parses its own request
+// (raw_message.h): bytes that do not parse are INVALID_ARGUMENT with a message, and end a stream
+// with that status after the steps before them are answered.
+using RawSamplerService = v1::SamplerService::WithRawCallbackMethod_Sample<
+    v1::SamplerService::WithRawCallbackMethod_SampleStream<
+        v1::SamplerService::WithRawCallbackMethod_RegisterRegion<
+            v1::SamplerService::WithRawCallbackMethod_UnregisterRegion<
+                v1::SamplerService::WithRawCallbackMethod_ListRegions<
+                    v1::SamplerService::WithRawCallbackMethod_GetServerInfo<
+                        v1::SamplerService::WithRawCallbackMethod_DeviceSession<
+                            v1::SamplerService::Service>>>>>>>;
+
+class SamplerServiceImpl final : public RawSamplerService {
  public:
   // `core` must outlive the service and every call on it; so must `metrics` (null: none).
   // `max_message_bytes` is the server's message size limit, which GetServerInfo reports.
@@ -31,33 +44,34 @@ class SamplerServiceImpl final : public v1::SamplerService::CallbackService {
         max_message_bytes_(max_message_bytes),
         metrics_(metrics) {}
 
+  // Each unary method: a samplerd.v1 request in `request`, its response written to `response`.
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
-                                   const v1::SampleRequest* request,
-                                   v1::SampleResponse* response) override;
-  grpc::ServerBidiReactor<v1::SampleStreamRequest, v1::SampleStreamResponse>* SampleStream(
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SampleStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
-                                           const v1::RegisterRegionRequest* request,
-                                           v1::RegisterRegionResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
-                                             const v1::UnregisterRegionRequest* request,
-                                             v1::UnregisterRegionResponse* response) override;
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
-                                        const v1::ListRegionsRequest* request,
-                                        v1::ListRegionsResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const v1::GetServerInfoRequest* request,
-                                          v1::GetServerInfoResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   // Served like the region calls (a session names regions). Not counted in metrics yet.
-  grpc::ServerBidiReactor<v1::DeviceSessionRequest, v1::DeviceSessionResponse>* DeviceSession(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DeviceSession(
       grpc::CallbackServerContext* context) override;
 
  private:
-  // Counts `status` for `method`, then finishes `reactor` with it.
-  void Finish(grpc::ServerUnaryReactor* reactor, metrics::Method method, grpc::Status status);
-  // The context's default reactor, finished (and counted) at once.
-  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, metrics::Method method,
-                                      grpc::Status status);
+  // Counts `status` for `method`, then answers `call` with it.
+  void Finish(RawUnaryCall* call, metrics::Method method, grpc::Status status);
+  // Parses `call`'s request from `raw`; when it does not parse, answers (and counts)
+  // INVALID_ARGUMENT and returns false.
+  bool Parse(RawUnaryCall* call, const grpc::ByteBuffer* raw, metrics::Method method);
   // Recounts the registered regions into the region gauges (after a change).
   void UpdateRegionGauges();
 

@@ -238,6 +238,9 @@ const std::vector<BadRegistration>& BadRegistrations() {
        }},
       {"GpuIpcOnACpuServer", C::FAILED_PRECONDITION,
        [](v1::RegisterRegionRequest* r) { Ipc(r, 64); }},
+      // The server's lack of GPU IPC is checked before the device (service/README.md).
+      {"GpuIpcWithoutDeviceOnACpuServer", C::FAILED_PRECONDITION,
+       [](v1::RegisterRegionRequest* r) { Ipc(r, 64)->clear_device(); }},
       {"GpuIpcOnAnUnknownDevice", C::FAILED_PRECONDITION,
        [](v1::RegisterRegionRequest* r) { Ipc(r, 64)->set_device("GPU-not-a-device"); }},
   };

@@ -43,7 +43,7 @@
  *               seed: the engine always supplies seed and position.
  *   token_ids   int32[M], aligned to 4: the sampled token of row i, or -1.
  *   row_status  int32[M], aligned to 4: RowStatus values of sampler.proto (1 = OK, 2 = NaN in
- *               the row, 3 = no finite logit, 4 = invalid parameters).
+ *               the row, 3 = every logit -inf, 4 = invalid parameters).
  *   sampled_logprobs (optional) float[M], aligned to 4: the sampled token's logprob, from the
  *               source named in DeviceSessionOpen.logprob_source; -inf for invalid rows.
  * No two buffers may overlap. Only rows [0, B) of a step are read or written.
