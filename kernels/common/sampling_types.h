@@ -86,7 +86,7 @@ struct SampleArgs {
   const uint32_t* device_batch = nullptr;
 
   // GPU only: false when the caller knows that no row has top-p as its only filter (say from
-  // the host copy of params: kernels/gpu/gpu_sampler.h HasTopPRows). Such rows then take the
+  // the host copy of params: kernels/gpu/sample.h HasTopPRows). Such rows then take the
   // one-block path, and the launch of the two-pass top-p kernel is skipped. true is always
   // correct (device sessions, whose params the engine writes on the device).
   bool top_p_rows = true;

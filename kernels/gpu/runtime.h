@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gpu/gpu_sampler.h"
+#include "kernels/gpu/sample.h"
 
 namespace samplerd::kernels::gpu {
 

@@ -10,11 +10,11 @@
 // Which row takes which path: row_path.h.
 // Design, measurements and what each version cost: kernels/gpu/NOTES.md.
 #include "kernels/gpu/chunk_pass.h"
-#include "kernels/gpu/gpu_sampler.h"
 #include "kernels/gpu/mass_draw.h"
 #include "kernels/gpu/mass_plan.h"
 #include "kernels/gpu/platform.h"
 #include "kernels/gpu/row_finish.h"
+#include "kernels/gpu/sample.h"
 #include "kernels/gpu/select.h"
 
 namespace samplerd::kernels::gpu {

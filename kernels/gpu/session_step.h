@@ -4,7 +4,7 @@
 // control words. The stream memory operations around it (the doorbell wait, done = DONE) are
 // the caller's (service/core/session/gpu_plane.cc).
 //
-// Plain C++ like gpu_sampler.h: the server includes it without HIP or CUDA headers.
+// Plain C++ like sample.h: the server includes it without HIP or CUDA headers.
 #ifndef SAMPLERD_KERNELS_GPU_SESSION_STEP_H_
 #define SAMPLERD_KERNELS_GPU_SESSION_STEP_H_
 
@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "kernels/common/sampling_types.h"
-#include "kernels/gpu/gpu_sampler.h"
+#include "kernels/gpu/sample.h"
 
 namespace samplerd::kernels::gpu {
 

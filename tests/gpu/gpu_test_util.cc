@@ -7,8 +7,8 @@
 
 #include "kernels/cpu/cpu_sampler.h"
 #include "kernels/cpu/half_float.h"
-#include "kernels/gpu/gpu_sampler.h"
 #include "kernels/gpu/runtime.h"
+#include "kernels/gpu/sample.h"
 
 namespace samplerd::kernels::testing {
 namespace {

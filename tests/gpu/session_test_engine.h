@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "kernels/common/sampling_types.h"
-#include "kernels/gpu/gpu_sampler.h"
 #include "kernels/gpu/runtime.h"
+#include "kernels/gpu/sample.h"
 #include "proto/samplerd/v1/device_session.h"
 #include "service/core/session/session_spec.h"
 #include "tests/gpu/gpu_test_util.h"

@@ -13,8 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/gpu/gpu_sampler.h"
 #include "kernels/gpu/runtime.h"
+#include "kernels/gpu/sample.h"
 #include "service/core/backend/sampler.h"
 
 namespace samplerd::core {

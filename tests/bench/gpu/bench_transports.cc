@@ -44,8 +44,8 @@
 #include <vector>
 
 #include "kernels/common/sampling_types.h"
-#include "kernels/gpu/gpu_sampler.h"
 #include "kernels/gpu/runtime.h"
+#include "kernels/gpu/sample.h"
 #include "samplerd/client.h"
 #include "tests/bench/gpu/transport_report.h"
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "kernels/common/sampling_types.h"
-#include "kernels/gpu/gpu_sampler.h"
 #include "kernels/gpu/runtime.h"
+#include "kernels/gpu/sample.h"
 
 using samplerd::kernels::DType;
 using samplerd::kernels::RowParams;

@@ -3,8 +3,8 @@
 // Plain C++ on purpose: the server (compiled by the host compiler) includes it without HIP or
 // CUDA headers. Streams travel as void* (hipStream_t / cudaStream_t); errors as the runtime's
 // integer error code (0 = success), described by runtime.h's ErrorString.
-#ifndef SAMPLERD_KERNELS_GPU_GPU_SAMPLER_H_
-#define SAMPLERD_KERNELS_GPU_GPU_SAMPLER_H_
+#ifndef SAMPLERD_KERNELS_GPU_SAMPLE_H_
+#define SAMPLERD_KERNELS_GPU_SAMPLE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -31,4 +31,4 @@ bool HasTopPRows(const RowParams* params, int64_t count, int64_t vocab);
 
 }  // namespace samplerd::kernels::gpu
 
-#endif  // SAMPLERD_KERNELS_GPU_GPU_SAMPLER_H_
+#endif  // SAMPLERD_KERNELS_GPU_SAMPLE_H_
