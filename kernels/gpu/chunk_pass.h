@@ -16,6 +16,7 @@
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/mass_plan.h"
 #include "kernels/gpu/row_path.h"
+#include "kernels/gpu/rows_in.h"
 
 namespace samplerd::kernels::gpu {
 
@@ -23,18 +24,12 @@ inline constexpr int kCandidateCap = 1024;  // candidates a chunk may emit
 
 // Where pass 1 writes (device memory, from the workspace).
 struct ChunkPassParams {
-  const void* logits;
-  int64_t vocab;
-  int64_t row_stride;
-  const RowParams* params;
-  int64_t params_count;
-  int chunks;                    // per row
-  bool raw_logprobs;             // compute sum_exp_x
-  ChunkStats* stats;             // [batch, chunks]
-  uint32_t* candidate_key;       // [batch, chunks, kCandidateCap]
-  int32_t* candidate_index;      // [batch, chunks, kCandidateCap]
-  const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
-  MassWorkspace mass;            // the top-p rows' histograms and plans (mass_plan.h)
+  RowsIn rows;
+  bool raw_logprobs;         // compute sum_exp_x
+  ChunkStats* stats;         // [batch, chunks]
+  uint32_t* candidate_key;   // [batch, chunks, kCandidateCap]
+  int32_t* candidate_index;  // [batch, chunks, kCandidateCap]
+  MassWorkspace mass;        // the top-p rows' histograms (mass_plan.h)
 };
 
 // Loads the 4 consecutive elements at `j` (4-aligned) of a row: one vector load when the
@@ -88,14 +83,11 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   __shared__ MassShared mass_sh;
 
   const int64_t row = blockIdx.y;
-  // Device sessions launch for max_batch rows; rows past the step's batch leave at once (a
-  // uniform branch: the whole block exits before any barrier).
-  if (p.device_batch != nullptr && row >= *p.device_batch) return;
+  if (p.rows.Skipped(row)) return;  // device sessions: a row past the step's batch
   const int chunk = blockIdx.x;
-  const size_t elem = kDType == DType::kFp32 ? 4 : 2;
-  const void* row_ptr = static_cast<const char*>(p.logits) + row * p.row_stride * elem;
+  const void* row_ptr = p.rows.Row<kDType>(row);
   const int64_t begin = static_cast<int64_t>(chunk) * kChunk;
-  const int64_t end = begin + kChunk < p.vocab ? begin + kChunk : p.vocab;
+  const int64_t end = begin + kChunk < p.rows.vocab ? begin + kChunk : p.rows.vocab;
 
   // Pass 1 holds the chunk in registers (every load in flight at once); later passes re-read
   // it from L1 group by group, so that x[] does not live across them (kept live, it was
@@ -107,9 +99,9 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   }
   // The row's parameters are read after the chunk's loads are issued, so that their latency
   // overlaps (ncu v5: blocks stalled on this load before their first logits load).
-  const RowParams params = p.params[p.params_count == 1 ? 0 : row];
+  const RowParams params = p.rows.Params(row);
   const bool greedy = IsGreedy(params);
-  const bool mass = IsMassRow(params, p.vocab, p.mass.enabled);
+  const bool mass = IsMassRow(params, p.rows.vocab, p.mass.enabled);
   if (mass) ClearMassHistogram<kChunkThreads>(mass_sh);      // the reductions below wait for it
   const bool unit_temperature = params.temperature == 1.0f;  // z = x exactly: skip the divide
   auto temper = [&](float v) { return unit_temperature ? v : v / params.temperature; };
@@ -127,7 +119,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   float best_x = -kInfF;
   int32_t best_i = -1;  // item of best_x; items run in index order, so `>` keeps the lowest
   ArgMaxPair draw{-kInfF, INT64_MAX};
-  const bool draws = DrawsInChunkPass(params, p.vocab);
+  const bool draws = DrawsInChunkPass(params, p.rows.vocab);
   const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
   float max_z = -kInfF;
   // One specialised copy of the loop per kind of row, so that each runs only its own code: at
@@ -210,7 +202,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   const ArgMaxPair best =
       Reduce::ArgMax(reduce, ArgMaxPair{best_x, best_i < 0 ? INT64_MAX : ItemIndex(begin, best_i)});
   if (draws) draw = Reduce::ArgMax(reduce, draw);
-  const int64_t stats_slot = row * p.chunks + chunk;
+  const int64_t stats_slot = row * p.rows.chunks + chunk;
   // The reductions above waited for every thread's histogram atomics.
   if (histogram) StoreMassHistogram<kChunkThreads>(mass_sh, p.mass, stats_slot);
 
@@ -240,7 +232,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   // >= it are appended in any order; RowFinishKernel sorts them.
   uint32_t total = 0;
   uint32_t overflow = 0;
-  const bool collect = UsesCandidates(params, p.vocab) && (counts & 0xffff) == 0;
+  const bool collect = UsesCandidates(params, p.rows.vocab) && (counts & 0xffff) == 0;
   if (collect) {
     constexpr int kGroup = kLogicalWarp;
     constexpr int kGroups = kChunkThreads / kGroup;
@@ -262,7 +254,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     uint32_t threshold = thread_max[0];
     for (int g = 1; g < kGroups; ++g) threshold = min(threshold, thread_max[g]);
     if (threshold == 0) threshold = kNegInfKey + 1;  // a group with fewer than m finite maxima
-    const int64_t slot_base = (row * p.chunks + chunk) * static_cast<int64_t>(kCandidateCap);
+    const int64_t slot_base = (row * p.rows.chunks + chunk) * static_cast<int64_t>(kCandidateCap);
     for_items([&](int64_t j, float v) {
       const float z = temper(v);
       if (!(z > -kInfF)) return;

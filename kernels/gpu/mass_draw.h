@@ -14,6 +14,7 @@
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/mass_plan.h"
+#include "kernels/gpu/rows_in.h"
 #include "kernels/gpu/select.h"
 
 namespace samplerd::kernels::gpu {
@@ -21,16 +22,10 @@ namespace samplerd::kernels::gpu {
 inline constexpr int kMassDrawThreads = 256;
 
 struct MassDrawParams {
-  const void* logits;
-  int64_t vocab;
-  int64_t row_stride;
-  const RowParams* params;
-  int64_t params_count;
-  int chunks;
+  RowsIn rows;
   const ChunkStats* stats;  // [batch, chunks]
   int32_t* token_ids;
   RowStatus* status;
-  const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
   MassWorkspace mass;
 };
 
@@ -274,16 +269,15 @@ __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawPa
   __shared__ MassDrawShared sh;
   __shared__ typename BlockReduce<kMassDrawThreads>::Storage reduce;
   const int64_t row = blockIdx.y;
-  if (p.device_batch != nullptr && row >= *p.device_batch) return;  // device sessions
-  const RowParams params = p.params[p.params_count == 1 ? 0 : row];
-  if (!IsMassRow(params, p.vocab, p.mass.enabled)) return;
+  if (p.rows.Skipped(row)) return;  // device sessions: a row past the step's batch
+  const RowParams params = p.rows.Params(row);
+  if (!IsMassRow(params, p.rows.vocab, p.mass.enabled)) return;
   const MassPlan plan = p.mass.plan[row];
   if (plan.path != MassPath::kTwoPass) return;
-  const size_t elem = kDType == DType::kFp32 ? 4 : 2;
-  const void* row_ptr = static_cast<const char*>(p.logits) + row * p.row_stride * elem;
-  MassDrawChunk<kDType, kMassDrawThreads>(p.mass, plan, row_ptr, p.vocab, p.stats + row * p.chunks,
-                                          row, static_cast<int>(blockIdx.x), p.chunks, params, sh,
-                                          reduce, p.token_ids, p.status);
+  const void* row_ptr = p.rows.Row<kDType>(row);
+  MassDrawChunk<kDType, kMassDrawThreads>(
+      p.mass, plan, row_ptr, p.rows.vocab, p.stats + row * p.rows.chunks, row,
+      static_cast<int>(blockIdx.x), p.rows.chunks, params, sh, reduce, p.token_ids, p.status);
 }
 
 }  // namespace samplerd::kernels::gpu

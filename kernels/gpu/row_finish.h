@@ -14,6 +14,7 @@
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/mass_plan.h"
+#include "kernels/gpu/rows_in.h"
 #include "kernels/gpu/select.h"
 
 namespace samplerd::kernels::gpu {
@@ -21,12 +22,7 @@ namespace samplerd::kernels::gpu {
 inline constexpr int kFinishThreads = 512;
 
 struct RowFinishParams {
-  const void* logits;
-  int64_t vocab;
-  int64_t row_stride;
-  const RowParams* params;
-  int64_t params_count;
-  int chunks;
+  RowsIn rows;
   const ChunkStats* stats;
   const uint32_t* candidate_key;
   const int32_t* candidate_index;
@@ -38,8 +34,7 @@ struct RowFinishParams {
   int64_t* sampled_rank;
   int32_t* top_ids;
   float* top_values;
-  const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
-  MassWorkspace mass;            // the top-p rows' plans and pass-2 state (mass_plan.h)
+  MassWorkspace mass;  // the top-p rows' plans and pass-2 state (mass_plan.h)
 };
 
 // The items of a row: every token with z = x / temperature > -inf (NaN never reaches here).

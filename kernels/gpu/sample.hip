@@ -65,12 +65,12 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
                                         uint64_t* count) {
   SelectStorage& s = sh.select;
   const int total = static_cast<int>(summary.candidate_total);
-  const int64_t base = row * p.chunks * static_cast<int64_t>(kCandidateCap);
+  const int64_t base = row * p.rows.chunks * static_cast<int64_t>(kCandidateCap);
   const float row_max = summary.max_z;
   const uint32_t min_p_key = params.min_p > 0.0f ? OrderedKey(row_max + logf(params.min_p)) : 0u;
   // Candidate i lives in the chunk whose offset range holds it; every load is independent.
   auto candidate = [&](int i, uint32_t* key, int32_t* index) {
-    int lo = 0, hi = p.chunks - 1;
+    int lo = 0, hi = p.rows.chunks - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
       if (sh.candidate_offset[mid] <= static_cast<uint32_t>(i))
@@ -181,7 +181,7 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
                               const Source& source, const LogprobView& view, int64_t token,
                               FinishShared& sh) {
   using Reduce = BlockReduce<kFinishThreads>;
-  const RowSource<kDType> row_source{row_ptr, p.vocab, view.temperature};
+  const RowSource<kDType> row_source{row_ptr, p.rows.vocab, view.temperature};
   auto eligible = [&](int64_t j) {
     if (view.point_mass) return j == token;
     const float z = row_source.Z(j);
@@ -250,7 +250,7 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
       __syncthreads();
       const int strictly_above = static_cast<int>(s.collected);
       OrderedFirst(
-          p.vocab, listed - strictly_above,
+          p.rows.vocab, listed - strictly_above,
           [&](int64_t j) { return eligible(j) && OrderedKey(row_source.Z(j)) == t; },
           [&](int64_t slot, int64_t j) {
             s.sort.key[strictly_above + slot] = t;
@@ -271,13 +271,14 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
   const int filled = view.point_mass ? 1 : listed;
   if (filled < n) {
     OrderedFirst(
-        p.vocab, n - filled, [&](int64_t j) { return !eligible(j); },
+        p.rows.vocab, n - filled, [&](int64_t j) { return !eligible(j); },
         [&](int64_t slot, int64_t j) {
           out_ids[filled + slot] = static_cast<int32_t>(j);
           out_values[filled + slot] = -kInfF;
         },
         sh);
-    const int64_t ineligible = p.vocab - static_cast<int64_t>(view.point_mass ? 1 : view.eligible);
+    const int64_t ineligible =
+        p.rows.vocab - static_cast<int64_t>(view.point_mass ? 1 : view.eligible);
     const int64_t real = filled + (ineligible < n - filled ? ineligible : n - filled);
     for (int64_t i = real + threadIdx.x; i < n; i += kFinishThreads) {
       out_ids[i] = -1;
@@ -292,29 +293,28 @@ template <DType kDType>
 __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
   __shared__ FinishShared sh;
   const int64_t row = blockIdx.x;
-  if (p.device_batch != nullptr && row >= *p.device_batch) return;  // device sessions
-  const RowParams params = p.params[p.params_count == 1 ? 0 : row];
-  if (IsMassRow(params, p.vocab, p.mass.enabled) &&
-      PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.chunks, row, p.chunks, params.top_p,
-                                  sh.mass_plan, sh.reduce) == MassPath::kTwoPass) {
+  if (p.rows.Skipped(row)) return;  // device sessions: a row past the step's batch
+  const RowParams params = p.rows.Params(row);
+  if (IsMassRow(params, p.rows.vocab, p.mass.enabled) &&
+      PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.rows.chunks, row, p.rows.chunks,
+                                  params.top_p, sh.mass_plan, sh.reduce) == MassPath::kTwoPass) {
     return;
   }
-  const ChunkStats* stats = p.stats + row * p.chunks;
-  for (int c = threadIdx.x; c < p.chunks; c += kFinishThreads) sh.staged[c] = stats[c];
+  const ChunkStats* stats = p.stats + row * p.rows.chunks;
+  for (int c = threadIdx.x; c < p.rows.chunks; c += kFinishThreads) sh.staged[c] = stats[c];
   __syncthreads();
   if (threadIdx.x == 0) {
-    sh.summary = CombineChunks(sh.staged, p.chunks);
+    sh.summary = CombineChunks(sh.staged, p.rows.chunks);
     uint32_t offset = 0;
-    for (int c = 0; c < p.chunks; ++c) {
+    for (int c = 0; c < p.rows.chunks; ++c) {
       sh.candidate_offset[c] = offset;
       offset += sh.staged[c].candidates;
     }
-    sh.candidate_offset[p.chunks] = offset;
+    sh.candidate_offset[p.rows.chunks] = offset;
   }
   __syncthreads();
   const RowSummary summary = sh.summary;
-  const size_t elem = kDType == DType::kFp32 ? 4 : 2;
-  const void* row_ptr = static_cast<const char*>(p.logits) + row * p.row_stride * elem;
+  const void* row_ptr = p.rows.Row<kDType>(row);
 
   RowStatus status = RowStatus::kOk;
   if (summary.nan_count > 0) {
@@ -338,11 +338,11 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     return;
   }
 
-  const RowSource<kDType> z_source{row_ptr, p.vocab, params.temperature};
-  const CandidateSource candidates{p.candidate_key + row * p.chunks * kCandidateCap,
-                                   p.candidate_index + row * p.chunks * kCandidateCap, stats,
-                                   p.chunks};
-  const bool use_candidates = UsesCandidates(params, p.vocab) && summary.candidates_ok;
+  const RowSource<kDType> z_source{row_ptr, p.rows.vocab, params.temperature};
+  const CandidateSource candidates{p.candidate_key + row * p.rows.chunks * kCandidateCap,
+                                   p.candidate_index + row * p.rows.chunks * kCandidateCap, stats,
+                                   p.rows.chunks};
+  const bool use_candidates = UsesCandidates(params, p.rows.vocab) && summary.candidates_ok;
   DrawKind kind = DrawKind::kFiltered;
   int64_t token = summary.argmax_x;
   uint32_t threshold = 0;
@@ -356,15 +356,15 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
                        &count);
   } else if (!(summary.max_z > -kInfF)) {
     kind = DrawKind::kPointMass;  // every finite x / T underflowed to -inf: argmax of x
-  } else if (DrawsInChunkPass(params, p.vocab) &&
+  } else if (DrawsInChunkPass(params, p.rows.vocab) &&
              !(p.top_logprobs >= 0 && p.logprob_source == LogprobSource::kProcessed)) {
     token = summary.drawn.index;  // drawn in the chunk pass; no survivor mass needed
   } else if (use_candidates && summary.candidate_total <= static_cast<uint32_t>(kSortCap)) {
     token = SortedCandidatesDraw(p, row, params, summary, sh, &threshold, &mass, &count);
   } else if (use_candidates) {
-    token = FilterAndDraw(candidates, params, p.vocab, summary, sh, &threshold, &mass, &count);
+    token = FilterAndDraw(candidates, params, p.rows.vocab, summary, sh, &threshold, &mass, &count);
   } else {
-    token = FilterAndDraw(z_source, params, p.vocab, summary, sh, &threshold, &mass, &count);
+    token = FilterAndDraw(z_source, params, p.rows.vocab, summary, sh, &threshold, &mass, &count);
   }
   if (threadIdx.x == 0) {
     p.token_ids[row] = static_cast<int32_t>(token);
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
       view.log_sum = log(static_cast<double>(summary.sum_exp_x));
       view.eligible = summary.not_neg_inf_x;
     }
-    const RowSource<kDType> x_source{row_ptr, p.vocab, 1.0f};
+    const RowSource<kDType> x_source{row_ptr, p.rows.vocab, 1.0f};
     WriteLogprobs<kDType>(p, row, row_ptr, x_source, view, token, sh);
     return;
   }
@@ -454,7 +454,7 @@ struct WorkspaceLayout {
 template <DType kDType>
 int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinishParams& finish,
            const MassDrawParams& draw, hipStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(chunk.chunks), static_cast<unsigned>(args.batch));
+  const dim3 grid(static_cast<unsigned>(chunk.rows.chunks), static_cast<unsigned>(args.batch));
   ChunkPassKernel<kDType><<<grid, kChunkThreads, 0, stream>>>(chunk);
   RowFinishKernel<kDType><<<static_cast<unsigned>(args.batch), kFinishThreads, 0, stream>>>(finish);
   if (draw.mass.enabled) MassDrawKernel<kDType><<<grid, kMassDrawThreads, 0, stream>>>(draw);
@@ -504,15 +504,10 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
   mass.boundary_index = reinterpret_cast<int32_t*>(ws + layout.boundary_index);
 
   const bool raw = args.top_logprobs >= 0 && args.logprob_source == LogprobSource::kRaw;
-  const ChunkPassParams chunk{
-      args.logits, args.vocab, args.row_stride, args.params,     args.params_count, chunks,
-      raw,         stats,      candidate_key,   candidate_index, args.device_batch, mass};
-  const RowFinishParams finish{args.logits,
-                               args.vocab,
-                               args.row_stride,
-                               args.params,
-                               args.params_count,
-                               chunks,
+  const RowsIn rows{args.logits,       args.vocab, args.row_stride,  args.params,
+                    args.params_count, chunks,     args.device_batch};
+  const ChunkPassParams chunk{rows, raw, stats, candidate_key, candidate_index, mass};
+  const RowFinishParams finish{rows,
                                stats,
                                candidate_key,
                                candidate_index,
@@ -524,11 +519,8 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
                                args.sampled_rank,
                                args.top_ids,
                                args.top_values,
-                               args.device_batch,
                                mass};
-  const MassDrawParams draw{
-      args.logits,    args.vocab,  args.row_stride,   args.params, args.params_count, chunks, stats,
-      args.token_ids, args.status, args.device_batch, mass};
+  const MassDrawParams draw{rows, stats, args.token_ids, args.status, mass};
   auto* s = static_cast<hipStream_t>(stream);
   switch (args.dtype) {
     case DType::kFp32:
