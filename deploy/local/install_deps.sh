@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing samplerd needs, and only what is missing:
 #   - Debian 12 packages: compiler, CMake, Ninja, shellcheck and clang-format (the test command's
-#     lint and format steps), gRPC/protobuf/Abseil, GoogleTest, benchmark,
+#     lint and format steps), gRPC/protobuf/Abseil, GoogleTest, benchmark, prometheus-cpp (metrics),
 #     Python's grpcio/protobuf/numpy/pip (the Python client, its tests and packaging), Go 1.19
 #     with grpc-go and protobuf (the Go client; protobuf 1-5 named, or apt picks 1-3);
 #   - buf (proto lint, `buf curl`), from npm into the project-local, git-ignored .tools/.
@@ -21,6 +21,7 @@ readonly APT_PACKAGES=(
   golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc
   golang-github-golang-protobuf-1-5-dev
   python3-yaml
+  prometheus-cpp-dev
 )
 # buf's npm package ships a static binary; pinned so that lint results do not drift.
 readonly BUF_NPM_PACKAGE="@bufbuild/buf@1.75.0"
