@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Generates the Go code of proto/samplerd/v1/sampler.proto (messages and the SamplerService
+# Generates the Go code of proto/samplerd/v1/*.proto (messages and the SamplerService
 # client) into the git-ignored client/go/samplerdv1/, the package the proto's go_package names
 # ("samplerd.dev/client/go/samplerdv1"). Uses the system protoc with Debian's protoc-gen-go and
 # protoc-gen-go-grpc (see docs/TOOLCHAIN.md, "Go clients (offline)"). test.sh runs it.
@@ -28,5 +28,5 @@ mkdir -p "${GEN}"
   --plugin=protoc-gen-go="${GEN_GO}" --plugin=protoc-gen-go-grpc="${GEN_GO_GRPC}" \
   --go_out="${HERE}" --go_opt=module="${MODULE}" \
   --go-grpc_out="${HERE}" --go-grpc_opt=module="${MODULE}" \
-  "${ROOT}/proto/samplerd/v1/sampler.proto"
+  "${ROOT}"/proto/samplerd/v1/*.proto
 echo "generated Go code in ${GEN#"${ROOT}"/}"

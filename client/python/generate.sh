@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Generates the Python stubs (and .pyi) of proto/samplerd/v1/sampler.proto into the git-ignored
+# Generates the Python stubs (and .pyi) of proto/samplerd/v1/*.proto into the git-ignored
 # client/python/samplerd/v1/ (a subpackage of the hand-written `samplerd` package, matching the
 # generated `from samplerd.v1 import ...` imports), with the system protoc and Debian's
 # grpc_python_plugin (see docs/TOOLCHAIN.md, "Python clients"). Run it before importing
@@ -22,6 +22,6 @@ rm -rf "${GEN}"
 "${PROTOC}" -I "${ROOT}/proto" \
   --python_out="${HERE}" --pyi_out="${HERE}" --grpc_python_out="${HERE}" \
   --plugin=protoc-gen-grpc_python="${PLUGIN}" \
-  "${ROOT}/proto/samplerd/v1/sampler.proto"
+  "${ROOT}"/proto/samplerd/v1/*.proto
 touch "${GEN}/__init__.py"
 echo "generated Python stubs in ${GEN#"${ROOT}"/}"

@@ -38,6 +38,7 @@ enum class RowStatus : uint8_t {
   kNan = 1,            // the row holds a NaN; token -1
   kNoFinite = 2,       // every logit is -inf; token -1
   kInvalidParams = 3,  // the row's parameters failed validation (device sessions); token -1
+  kNoAllowed = 4,      // some logit is above -inf, none is after the logits processors; token -1
 };
 
 // Temperatures below this (and >= 0) mean greedy sampling.
@@ -52,6 +53,17 @@ struct RowParams {
   TopPMode top_p_mode = TopPMode::kTopKFirst;
   uint64_t seed = 0;      // Philox key
   uint64_t position = 0;  // Philox counter (high half); the token index is the low half
+};
+
+// One token's logits processors, merged on the host from the request's logit bias, token
+// history and the row's penalties (DESIGN.md, "Logits processors"); applied by AdjustLogit
+// (kernels/common/logits_processors.h). A token with no bias has bias 0; one the penalties do
+// not touch has repetition 1 and penalty 0.
+struct TokenAdjust {
+  int32_t token = 0;        // in [0, vocab)
+  float bias = 0.0f;        // added first; +-inf sets the logit to that infinity
+  float repetition = 1.0f;  // > 0; x > 0 ? x / repetition : x * repetition (1: off)
+  float penalty = 0.0f;     // subtracted last: frequency * count + presence * (count > 0)
 };
 
 // One batch to sample: inputs and output buffers, all in the backend's memory space.
@@ -79,6 +91,16 @@ struct SampleArgs {
   int64_t* sampled_rank = nullptr;
   int32_t* top_ids = nullptr;
   float* top_values = nullptr;
+
+  // Logits processors, all optional (nullptr: none), in the backend's memory space:
+  // - allowed_bitmask: [batch, bitmask_words] words, bitmask_words = ceil(vocab / 32); bit
+  //   t % 32 of word t / 32 of a row is set when token t is allowed (others become -inf);
+  // - adjusts: row r's TokenAdjust entries are adjusts[adjust_offsets[r] ..
+  //   adjust_offsets[r + 1]), sorted by token, no token twice; adjust_offsets has batch + 1.
+  const uint32_t* allowed_bitmask = nullptr;
+  int64_t bitmask_words = 0;
+  const TokenAdjust* adjusts = nullptr;
+  const uint32_t* adjust_offsets = nullptr;
 
   // GPU only (device sessions): when set, a device word holding the number of rows that run.
   // The kernels are launched for `batch` rows (the session's max_batch); blocks of rows >=

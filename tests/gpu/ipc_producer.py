@@ -50,8 +50,8 @@ def check(ok, what):
 def load_stubs(folder):
     sys.path.insert(0, folder)
     import grpc  # noqa: F401
-    from samplerd.v1 import sampler_pb2, sampler_pb2_grpc
-    return sampler_pb2, sampler_pb2_grpc
+    from samplerd._pb import pb, pb_grpc  # one namespace over the API's .proto files
+    return pb, pb_grpc
 
 
 class Servers:

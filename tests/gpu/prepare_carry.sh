@@ -105,7 +105,7 @@ fi
 command -v protoc >/dev/null 2>&1 || die "expected protoc on PATH (apt-get install protobuf-compiler)"
 mkdir -p "$CARRY/py"
 protoc --proto_path=proto --python_out="$CARRY/py" --grpc_python_out="$CARRY/py" \
-  --plugin=protoc-gen-grpc_python="$PY_PLUGIN" proto/samplerd/v1/sampler.proto
+  --plugin=protoc-gen-grpc_python="$PY_PLUGIN" proto/samplerd/v1/*.proto
 [[ -f "$CARRY/py/samplerd/v1/sampler_pb2.py" && -f "$CARRY/py/samplerd/v1/sampler_pb2_grpc.py" ]] ||
   die "protoc did not write the Python stubs into $CARRY/py/samplerd/v1"
 # The Python client package around them (python_client_cuda.py, decode_loop.py).

@@ -36,7 +36,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .v1 import sampler_pb2 as pb
+from ._pb import pb
 
 #: Region names start with this and the process id, so ListRegions shows whose they are.
 REGION_PREFIX = "torch"

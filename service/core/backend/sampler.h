@@ -2,6 +2,7 @@
 #ifndef SAMPLERD_SERVICE_CORE_BACKEND_SAMPLER_H_
 #define SAMPLERD_SERVICE_CORE_BACKEND_SAMPLER_H_
 
+#include <atomic>
 #include <string>
 
 #include "absl/status/status.h"
@@ -41,6 +42,17 @@ struct SampleIo {
   // GuardedCopy only (service/core/backend/guarded_copy.h), never in place. (Host outputs are
   // always host shm and always written with GuardedCopy.)
   bool logits_in_shm = false;
+  // Set by the core while it drains (may be null): once true, a backend that can stop a batch
+  // part-way (the CPU backend, between rows) returns CANCELLED with the outputs unspecified.
+  // A GPU launch runs to its end.
+  const std::atomic<bool>* cancel = nullptr;
+  // The allowed-token bitmask (ValidatedBatch::bitmask_words > 0): [batch, bitmask_words]
+  // uint32 words in host memory (inline bytes; host shm when `bitmask_in_shm`, read with
+  // GuardedCopy like the logits) or, when `bitmask_on_device`, device memory of this
+  // sampler's device (a GPU IPC region).
+  const void* bitmask = nullptr;
+  bool bitmask_on_device = false;
+  bool bitmask_in_shm = false;
 };
 
 // Samples validated batches on one device. Calls come from that device's executor thread, one

@@ -16,6 +16,12 @@
 
 namespace samplerd::core {
 
+// A slice of a registered region: bytes from `offset` on (how many follows from the tensor).
+struct RegionRef {
+  std::string region;
+  uint64_t offset = 0;
+};
+
 // Sampling parameters as the client sent them (unset fields keep their defaults).
 struct ParamsSpec {
   std::optional<float> temperature;  // default 1
@@ -25,18 +31,37 @@ struct ParamsSpec {
   kernels::TopPMode top_p_mode = kernels::TopPMode::kTopKFirst;
   std::optional<uint64_t> seed;  // default: chosen by the server
   uint64_t position = 0;
+  // Penalties on the row's token history (DESIGN.md, "Logits processors").
+  std::optional<float> repetition_penalty;  // default 1 (off)
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+};
+
+// The logits processors of a request, as the client sent them (SampleRequest.logit_bias,
+// token_history, token_bitmask in proto/samplerd/v1/processors.proto). Sparse lists are packed
+// per batch: row i's entries are [row_offsets[i], row_offsets[i + 1]) of each list.
+struct LogitBiasSpec {
+  std::vector<uint32_t> row_offsets;
+  std::vector<int32_t> token_ids;
+  std::vector<float> biases;
+};
+struct TokenHistorySpec {
+  std::vector<uint32_t> row_offsets;
+  std::vector<int32_t> token_ids;
+  std::vector<uint32_t> output_counts;
+  std::vector<uint8_t> in_prompt;  // 0 or 1
+};
+// int32 words [B, ceil(V / 32)], inline (a view, kept alive like inline_data) or in a region.
+struct TokenBitmaskSpec {
+  std::string_view inline_words;
+  bool has_inline_words = false;
+  std::optional<RegionRef> region;
 };
 
 // Logprobs asked for by the client.
 struct LogprobSpec {
   int64_t top_n = 0;
   kernels::LogprobSource source = kernels::LogprobSource::kRaw;
-};
-
-// A slice of a registered region: bytes from `offset` on (how many follows from the tensor).
-struct RegionRef {
-  std::string region;
-  uint64_t offset = 0;
 };
 
 // One sampling request. `inline_data` is a view: the transport keeps the bytes alive until the
@@ -61,6 +86,10 @@ struct SampleRequest {
   std::vector<uint64_t> row_positions;
   std::string device;
   std::optional<LogprobSpec> logprobs;
+  // Optional logits processors.
+  std::optional<LogitBiasSpec> logit_bias;
+  std::optional<TokenHistorySpec> token_history;
+  std::optional<TokenBitmaskSpec> token_bitmask;
 
   absl::Time arrival = absl::Now();
   // The client's deadline: a request still queued when it passes is answered DEADLINE_EXCEEDED

@@ -22,6 +22,12 @@ struct ValidatedBatch {
   kernels::LogprobSource logprob_source = kernels::LogprobSource::kRaw;
   // The seed each row uses (returned to the client).
   std::vector<uint64_t> seeds;
+  // Logits processors (empty / 0: none). The bias, history and penalties merged per row:
+  // row r's entries are adjusts[adjust_offsets[r] .. adjust_offsets[r + 1]), sorted by token,
+  // no token twice (kernels::SampleArgs). The bitmask's words are in SampleIo::bitmask.
+  std::vector<uint32_t> adjust_offsets;  // batch + 1 entries, or empty
+  std::vector<kernels::TokenAdjust> adjusts;
+  int64_t bitmask_words = 0;  // ceil(vocab / 32) when the request has a bitmask, else 0
 };
 
 // Bytes the inline data (or region slice) of a [batch, vocab] tensor with `row_stride` must hold.
