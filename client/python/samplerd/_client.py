@@ -23,6 +23,7 @@ from ._encoding import _inline_tensor, _region_dtype, _region_tensor
 from ._errors import SamplerError
 from ._host_shm import HostShmRegion
 from ._options import SampleOptions, with_options
+from ._processors import check_bitmask_shape, host_bitmask
 from ._results import SampleResult, _checked
 from ._stream import StreamSession
 
@@ -147,34 +148,83 @@ class Client:
             request_id: echoed in the result.
             joint_top_p: top-p against the full row's mass (SGLang) instead of vLLM's.
 
+            The logits processors (by keyword; applied before temperature and the filters, in
+            this order: logit bias, penalties, bitmask; each optional):
+
+            logit_bias: {token id: bias} added to every row, or B such dicts (None for none);
+                +inf forces a token, -inf bans it.
+            repetition_penalty, presence_penalty, frequency_penalty: a scalar or B values
+                (vLLM's definitions; unset: off). They act on each row's token history:
+            prompt_token_ids, output_token_ids: B sequences of token ids (the prompt and the
+                tokens generated so far); the client sends each row's distinct tokens with
+                their output count and whether the prompt has them.
+            token_bitmask: allowed tokens, bit t % 32 of word t / 32 of a row (xgrammar's and
+                vLLM's layout): int32 [B, ceil(V / 32)] as a numpy array or torch tensor (a
+                CUDA tensor travels by GPU IPC like CUDA logits, without a copy), a numpy bool
+                [B, V], or a samplerd.v1.TokenBitmask. A row left with no allowed token gets
+                row status ROW_STATUS_INVALID_NO_ALLOWED (5) and token -1.
+
         Raises:
             SamplerError: the server's code (INVALID_ARGUMENT, UNAVAILABLE, ...) and message.
+            ValueError: a per-row option without 1 or B values; a bitmask of the wrong shape or
+                dtype; token histories or per-row biases without B rows.
         """
         options = SampleOptions._of(args, options)
         return self._send_logits(logits, self.sample_request, options)
 
     def _send_logits(self, logits: Any, send: Any, options: SampleOptions) -> SampleResult:
-        """Builds the request for ``logits`` (by GPU IPC for CUDA tensors), ``send``s it (a
-        unary call or a stream step) and gives the tensor's lease back after the reply."""
-        tensor, ready, lease = self._logits_tensor(logits)
+        """Builds the request for ``logits`` (by GPU IPC for CUDA tensors, a CUDA bitmask too),
+        ``send``s it (a unary call or a stream step) and gives the tensors' leases back after
+        the reply."""
+        leases: List[Optional[Lease]] = []
         try:
-            return send(options.request(tensor, ready))
+            tensor, ready, lease = self._by_ipc_or_inline(logits, self._cuda.prepare,
+                                                          _inline_tensor)
+            leases.append(lease)
+            mask = None
+            if is_cuda_tensor(options.token_bitmask):
+                mask, mask_ready, lease = self._cuda_bitmask(options.token_bitmask, tensor)
+                leases.append(lease)
+                # The same event of the device, recorded after the logits' (b"": all done).
+                ready = mask_ready if lease is not None else ready
+            return send(options.request(tensor, ready, token_bitmask=mask))
         finally:
-            if lease is not None:
-                lease.release()
+            for lease in leases:
+                if lease is not None:
+                    lease.release()
 
-    def _logits_tensor(self, logits: Any) -> Tuple[Any, bytes, Optional[Lease]]:
-        """(samplerd.v1.Tensor, ready event handle, Lease to release after the reply)."""
-        if is_cuda_tensor(logits) and self.cuda_ipc != "never" and not self.cuda_ipc_off_reason:
+    def _cuda_bitmask(self, mask: Any, logits: Any) -> Tuple[Any, bytes, Optional[Lease]]:
+        """(samplerd.v1.TokenBitmask, ready event handle, Lease) of a CUDA int32 bitmask
+        [B, ceil(V / 32)] for the logits Tensor ``logits``: a GPU IPC region slice, or inline
+        words when GPU IPC cannot serve it (as for logits; see ``cuda_ipc``)."""
+        import torch  # lazily: a CUDA tensor means torch is there
+
+        batch, vocab = int(logits.shape[0]), int(logits.shape[1])
+        if mask.dtype != torch.int32:
+            raise ValueError(f"token_bitmask: expected a torch int32 tensor, got {mask.dtype}")
+        check_bitmask_shape(tuple(mask.shape), batch, vocab)
+
+        def share(m: Any) -> Tuple[Any, bytes, Lease]:
+            region, ready, lease = self._cuda.share(m.detach())
+            return pb.TokenBitmask(region=region), ready, lease
+
+        return self._by_ipc_or_inline(mask, share, lambda m: host_bitmask(m, batch, vocab))
+
+    def _by_ipc_or_inline(
+        self, x: Any, share: Any, inline: Any
+    ) -> Tuple[Any, bytes, Optional[Lease]]:
+        """(message, ready event handle, Lease to release after the reply): ``share(x)`` for a
+        CUDA tensor when GPU IPC serves it, else ``inline(x)`` (a host copy)."""
+        if is_cuda_tensor(x) and self.cuda_ipc != "never" and not self.cuda_ipc_off_reason:
             try:
-                return self._cuda.prepare(logits)
+                return share(x)
             except IpcUnavailable as e:
                 self._ipc_refused(str(e))
             except SamplerError as e:
                 if e.code not in self._IPC_REFUSALS:
                     raise
                 self._ipc_refused(f"the server refused the region: {e}")
-        return _inline_tensor(logits), b"", None
+        return inline(x), b"", None
 
     def _ipc_refused(self, reason: str) -> None:
         if self.cuda_ipc == "always":

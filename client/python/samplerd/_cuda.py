@@ -1,7 +1,8 @@
 """GPU IPC for CUDA tensors: the logits stay on the GPU and the server reads them in place.
 
 A CUDA tensor passed to :meth:`samplerd.Client.sample` (or a stream step) is sent as a slice of a
-GPU IPC region instead of being copied to the host:
+GPU IPC region instead of being copied to the host (logits, and a grammar engine's int32
+``token_bitmask`` alike: :meth:`CudaIpc.share`):
 
 - its storage is shared with ``untyped_storage()._share_cuda_()``: a CUDA IPC handle of the
   caching allocator's segment, the storage's offset in it and its size;
@@ -226,8 +227,17 @@ class CudaIpc:
         if t.dim() != 2:
             raise ValueError(f"expected logits of shape [B, V], got {tuple(t.shape)}")
         dtype = _dtype_enum(torch, t.dtype)
-        if not t.is_contiguous():
-            t = t.contiguous()
+        region, ready, lease = self.share(t)
+        tensor = pb.Tensor(dtype=dtype, shape=[int(t.shape[0]), int(t.shape[1])], region=region)
+        return tensor, ready, lease
+
+    def share(self, tensor: Any) -> Tuple[Any, bytes, Lease]:
+        """(samplerd.v1.RegionSlice of the CUDA ``tensor``'s bytes, ready event handle or b"",
+        Lease): :meth:`prepare` for any tensor (an int32 bitmask too), made contiguous first
+        (the one case that copies on the GPU). Raises as :meth:`prepare` does."""
+        import torch  # lazily: only CUDA tensors get here
+
+        t = tensor if tensor.is_contiguous() else tensor.contiguous()
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
         with self._lock:
             device = self._match_device(torch, index)
@@ -258,12 +268,8 @@ class CudaIpc:
             except BaseException:
                 lease.release()
                 raise
-        tensor = pb.Tensor(
-            dtype=dtype,
-            shape=[int(t.shape[0]), int(t.shape[1])],
-            region=pb.RegionSlice(region=name, offset=t.storage_offset() * t.element_size()),
-        )
-        return tensor, ready, lease
+        region = pb.RegionSlice(region=name, offset=t.storage_offset() * t.element_size())
+        return region, ready, lease
 
     def _reap_stale(self) -> None:
         """Unregisters the CUDA regions of earlier processes of this pod that are gone.

@@ -1,10 +1,11 @@
 """The sampling options of a request, defined once: SampleOptions.
 
 Every way to sample takes the same options: Client.sample (by keyword, or by position in field
-order but joint_top_p), Client.make_request, Client.sample_region and StreamSession.step. Each
-takes them as ``**options`` into a SampleOptions, so the names, defaults and checks are the
-fields below and nothing else; ``with_options`` writes them into each method's signature, for
-help() and inspect. SampleOptions.request builds the samplerd.v1.SampleRequest of a tensor.
+order but joint_top_p and the logits processors), Client.make_request, Client.sample_region and
+StreamSession.step. Each takes them as ``**options`` into a SampleOptions, so the names,
+defaults and checks are the fields below and nothing else; ``with_options`` writes them into
+each method's signature, for help() and inspect. SampleOptions.request builds the
+samplerd.v1.SampleRequest of a tensor.
 
 Adding an option: a field at the end, keyword-only (``metadata=_KEYWORD_ONLY``: sample()'s
 positional order stays as it is), its encoding in request(), and a line in Client.sample's
@@ -21,6 +22,13 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Unio
 import numpy as np
 
 from ._pb import pb
+from ._processors import (
+    LogitBias,
+    TokenIds,
+    host_bitmask,
+    logit_bias_message,
+    token_history_message,
+)
 
 #: A per-row parameter: one value for every row, or a sequence / array of B values.
 PerRow = Union[float, int, Sequence[Any], np.ndarray]
@@ -49,6 +57,14 @@ class SampleOptions:
     logprobs: Logprobs = None
     request_id: str = ""
     joint_top_p: bool = field(default=False, metadata=_KEYWORD_ONLY)
+    # The logits processors (_processors.py; applied before temperature and the filters).
+    token_bitmask: Any = field(default=None, metadata=_KEYWORD_ONLY)
+    logit_bias: Optional[LogitBias] = field(default=None, metadata=_KEYWORD_ONLY)
+    repetition_penalty: Optional[PerRow] = field(default=None, metadata=_KEYWORD_ONLY)
+    presence_penalty: Optional[PerRow] = field(default=None, metadata=_KEYWORD_ONLY)
+    frequency_penalty: Optional[PerRow] = field(default=None, metadata=_KEYWORD_ONLY)
+    prompt_token_ids: Optional[TokenIds] = field(default=None, metadata=_KEYWORD_ONLY)
+    output_token_ids: Optional[TokenIds] = field(default=None, metadata=_KEYWORD_ONLY)
 
     @classmethod
     def _of(cls, args: Tuple[Any, ...], kwargs: Any) -> "SampleOptions":
@@ -60,12 +76,15 @@ class SampleOptions:
             )
         return cls(*args, **kwargs)
 
-    def request(self, tensor: Any, ready_event: bytes = b"") -> Any:
+    def request(self, tensor: Any, ready_event: bytes = b"", token_bitmask: Any = None) -> Any:
         """The samplerd.v1.SampleRequest of ``tensor`` (a samplerd.v1.Tensor [B, V]) with these
         options; ``ready_event`` is a CUDA IPC event handle the server waits for before reading.
-        Raises ValueError for a per-row option with neither one nor B values, KeyError for an
-        unknown logprob source."""
-        params, row_seeds, row_positions = self._params(int(tensor.shape[0]))
+        ``token_bitmask`` is a prepared samplerd.v1.TokenBitmask (a CUDA tensor's region slice)
+        that replaces the encoding of ``self.token_bitmask``. Raises ValueError for a per-row
+        option with neither one nor B values or a bitmask of the wrong shape or dtype, KeyError
+        for an unknown logprob source."""
+        batch, vocab = int(tensor.shape[0]), int(tensor.shape[1])
+        params, row_seeds, row_positions = self._params(batch)
         if self.joint_top_p:
             for p in params:
                 p.top_p_mode = pb.TOP_P_MODE_JOINT
@@ -79,15 +98,30 @@ class SampleOptions:
         options = self._logprob_options()
         if options is not None:
             request.logprobs.CopyFrom(options)
+        self._processors(request, batch, vocab, token_bitmask)
         return request
+
+    def _processors(self, request: Any, batch: int, vocab: int, token_bitmask: Any) -> None:
+        """Writes the logit bias, token history and bitmask of these options into ``request``
+        (each only when given)."""
+        if self.logit_bias is not None:
+            request.logit_bias.CopyFrom(logit_bias_message(self.logit_bias, batch))
+        if self.prompt_token_ids is not None or self.output_token_ids is not None:
+            history = token_history_message(self.prompt_token_ids, self.output_token_ids, batch)
+            request.token_history.CopyFrom(history)
+        if token_bitmask is None and self.token_bitmask is not None:
+            token_bitmask = host_bitmask(self.token_bitmask, batch, vocab)
+        if token_bitmask is not None:
+            request.token_bitmask.CopyFrom(token_bitmask)
 
     def _params(self, batch: int) -> Tuple[List[Any], Optional[List[int]], Optional[List[int]]]:
         """(params, row_seeds, row_positions) of a request.
 
-        One SamplingParams when the filters (temperature, top_k, top_p, min_p) are scalars;
+        One SamplingParams when the filters (temperature, top_k, top_p, min_p) and the given
+        penalties are scalars;
         per-row seeds and positions then travel as the request's packed row_seeds /
         row_positions (a decode loop's usual case, and far cheaper than B messages). Per-row
-        filters give B SamplingParams.
+        filters or penalties give B SamplingParams.
         """
         seed, position = self.seed, self.position
         filters = (
@@ -95,6 +129,14 @@ class SampleOptions:
             ("top_k", self.top_k, int),
             ("top_p", self.top_p, float),
             ("min_p", self.min_p, float),
+        ) + tuple(
+            (name, value, float)
+            for name, value in (
+                ("repetition_penalty", self.repetition_penalty),
+                ("presence_penalty", self.presence_penalty),
+                ("frequency_penalty", self.frequency_penalty),
+            )
+            if value is not None  # unset: not sent (repetition 1, presence and frequency 0)
         )
         filter_rows = [_per_row(name, value, batch) for name, value, _ in filters]
         seed_rows = _per_row("seed", seed, batch)
@@ -112,19 +154,18 @@ class SampleOptions:
             )
         given = filters + (("position", position, int), ("seed", seed, int))
         rows = filter_rows + [position_rows, seed_rows]
-        columns = [
-            [None] * batch if value is None and r is None
+        columns = {
+            name: [None] * batch if value is None and r is None
             else [cast(value)] * batch if r is None
             else [cast(v) for v in r]
-            for (_, value, cast), r in zip(given, rows)
-        ]
+            for (name, value, cast), r in zip(given, rows)
+        }
         make = pb.SamplingParams
         return (
             [
-                make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos)
-                if s is None
-                else make(temperature=t, top_k=k, top_p=p, min_p=m, position=pos, seed=s)
-                for t, k, p, m, pos, s in zip(*columns)
+                make(**{name: column[i] for name, column in columns.items()
+                        if column[i] is not None})
+                for i in range(batch)
             ],
             None,
             None,

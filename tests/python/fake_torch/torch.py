@@ -6,6 +6,7 @@ import numpy as np
 __version__ = "0.0-fake"
 
 float32, float16, bfloat16 = np.dtype(np.float32), np.dtype(np.float16), "bfloat16"
+int32 = np.dtype(np.int32)
 
 
 class device:  # noqa: N801 - torch's spelling
