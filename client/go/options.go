@@ -8,7 +8,8 @@ import (
 
 // SampleOption sets sampling parameters or other fields of one request (see Client.Sample).
 //
-// The per-row parameters (Temperature, TopK, TopP, MinP, Seed, Position) take one value for
+// The per-row parameters (Temperature, TopK, TopP, MinP, Seed, Position and the penalties of
+// processors.go: RepetitionPenalty, PresencePenalty, FrequencyPenalty) take one value for
 // every row, or B values, one per row (pass a slice with "..."). Parameters not given keep the
 // server's defaults: temperature 1, no top-k / top-p / min-p filter, a server-chosen seed
 // (returned in Result.Seeds) and position 0.
@@ -27,6 +28,7 @@ type sampleConfig struct {
 	logprobs    *samplerdv1.LogprobOptions
 	requestID   string
 	device      string
+	processorConfig
 }
 
 // Temperature sets T >= 0; 0 <= T < 1e-5 is greedy (argmax, lowest index wins).
@@ -89,6 +91,8 @@ func (c *sampleConfig) params(batch int) ([]*samplerdv1.SamplingParams, error) {
 	}{
 		{"temperature", len(c.temperature)}, {"top_k", len(c.topK)}, {"top_p", len(c.topP)},
 		{"min_p", len(c.minP)}, {"seed", len(c.seed)}, {"position", len(c.position)},
+		{"repetition_penalty", len(c.repetition)}, {"presence_penalty", len(c.presence)},
+		{"frequency_penalty", len(c.frequency)},
 	}
 	rows := 0
 	for _, p := range counts {
@@ -126,6 +130,15 @@ func (c *sampleConfig) params(batch int) ([]*samplerdv1.SamplingParams, error) {
 		}
 		if len(c.position) > 0 {
 			p.Position = c.position[pick(len(c.position), i)]
+		}
+		if len(c.repetition) > 0 {
+			p.RepetitionPenalty = proto.Float32(c.repetition[pick(len(c.repetition), i)])
+		}
+		if len(c.presence) > 0 {
+			p.PresencePenalty = c.presence[pick(len(c.presence), i)]
+		}
+		if len(c.frequency) > 0 {
+			p.FrequencyPenalty = c.frequency[pick(len(c.frequency), i)]
 		}
 		if c.jointTopP {
 			p.TopPMode = samplerdv1.TopPMode_TOP_P_MODE_JOINT

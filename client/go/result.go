@@ -12,6 +12,9 @@ const (
 	RowInvalidNaN = samplerdv1.RowStatus_ROW_STATUS_INVALID_NAN
 	// RowInvalidNoFinite means every logit of the row is -inf; its token is -1.
 	RowInvalidNoFinite = samplerdv1.RowStatus_ROW_STATUS_INVALID_NO_FINITE
+	// RowInvalidNoAllowed means some logit of the row is above -inf but none is left after the
+	// logits processors (TokenBitmask, LogitBias); its token is -1.
+	RowInvalidNoAllowed = samplerdv1.RowStatus_ROW_STATUS_INVALID_NO_ALLOWED
 )
 
 // Result is the answer to one sample call or session step.

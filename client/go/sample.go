@@ -43,7 +43,8 @@ func (c *Client) SampleRequest(ctx context.Context, req *samplerdv1.SampleReques
 }
 
 // NewRequest builds the SampleRequest for t and opts. It checks only the number of values of
-// each per-row parameter (1 or t.Batch), returning INVALID_ARGUMENT otherwise.
+// each per-row parameter (1 or t.Batch) and the number of rows and words of the logits
+// processors (processors.go), returning INVALID_ARGUMENT otherwise.
 func NewRequest(t Tensor, opts ...SampleOption) (*samplerdv1.SampleRequest, error) {
 	var cfg sampleConfig
 	for _, opt := range opts {
@@ -53,11 +54,15 @@ func NewRequest(t Tensor, opts ...SampleOption) (*samplerdv1.SampleRequest, erro
 	if err != nil {
 		return nil, err
 	}
-	return &samplerdv1.SampleRequest{
+	req := &samplerdv1.SampleRequest{
 		RequestId: cfg.requestID,
 		Logits:    t.proto(),
 		Params:    params,
 		Device:    cfg.device,
 		Logprobs:  cfg.logprobs,
-	}, nil
+	}
+	if err := cfg.setProcessors(req, t.Batch, t.Vocab); err != nil {
+		return nil, err
+	}
+	return req, nil
 }
