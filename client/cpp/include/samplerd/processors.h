@@ -1,0 +1,62 @@
+// samplerd C++ client: the logits processors of a SampleRequest (samplerd/v1/processors.proto),
+// built from plain C++ values.
+//
+// The server applies them per row, before temperature and every filter: the logit bias, then
+// the repetition / presence / frequency penalties on the row's token history, then the
+// allowed-token bitmask. Each is optional:
+//
+//   v1::SamplingParams params;                     // the penalties are SamplingParams fields
+//   params.set_repetition_penalty(1.1f);           // > 0, unset = 1 (off)
+//   params.set_frequency_penalty(0.2f);            // [-2, 2], 0 = off
+//   v1::SampleRequest request = MakeFp32Request(logits.data(), batch, vocab, {params});
+//   SetTokenBitmask(mask.data(), batch, vocab, &request);  // batch * BitmaskWords(vocab) words
+//   SetLogitBias(TokenBias{{eos, -INFINITY}}, batch, &request);
+//   SetTokenHistory(prompts, outputs, &request);   // per row: token ids seen so far
+//
+// Like MakeFp32Request these do not validate: the server checks token ids against V, row
+// counts and offsets, and answers INVALID_ARGUMENT "expected X, got Y".
+#ifndef SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_PROCESSORS_H_
+#define SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_PROCESSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "samplerd/v1/sampler.pb.h"
+
+namespace samplerd {
+
+// Int32 words per row of an allowed-token bitmask for `vocab` tokens: ceil(vocab / 32).
+inline int64_t BitmaskWords(int64_t vocab) { return (vocab + 31) / 32; }
+
+// Sets the allowed-token bitmask of `request` from `batch * BitmaskWords(vocab)` int32 words at
+// `words` (row-major; bit t % 32 of word t / 32 of a row set when token t is allowed: the layout
+// of xgrammar and vLLM), copied as little-endian inline bytes. A token whose bit is clear becomes
+// -inf; a row left with nothing allowed gets ROW_STATUS_INVALID_NO_ALLOWED and token -1.
+void SetTokenBitmask(const int32_t* words, int64_t batch, int64_t vocab,
+                     v1::SampleRequest* request);
+
+// Sets the bitmask of `request` to the words (laid out as above) at byte `offset` (aligned to
+// 4) of registered region `region`: host shm, or GPU IPC memory on the logits' device.
+void SetTokenBitmaskRegion(const std::string& region, uint64_t offset, v1::SampleRequest* request);
+
+// One row's logit bias: token id -> bias added to its logit (+inf forces, -inf bans).
+using TokenBias = std::map<int32_t, float>;
+
+// Sets the logit bias of `request`: rows[i] for row i (rows.size() must be B for the server).
+void SetLogitBias(const std::vector<TokenBias>& rows, v1::SampleRequest* request);
+
+// Sets the logit bias of `request`: `bias` for each of its `batch` rows.
+void SetLogitBias(const TokenBias& bias, int64_t batch, v1::SampleRequest* request);
+
+// Sets the token history the penalties act on: per row, the prompt's token ids and the output's
+// so far. Either vector may be empty (no tokens); otherwise each has B rows (the longer one
+// sets the row count). Each row's entries are its distinct tokens in increasing order, with
+// their output count and whether the prompt has them.
+void SetTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
+                     const std::vector<std::vector<int32_t>>& output, v1::SampleRequest* request);
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_PROCESSORS_H_
