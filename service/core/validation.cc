@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "service/core/model/status_macros.h"
+#include "service/core/processors.h"
 #include "service/core/regions/ipc_handle.h"
 
 namespace samplerd::core {
@@ -40,6 +41,21 @@ absl::Status ValidateParams(const ParamsSpec& p, const std::string& where) {
   }
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
     return Invalid(absl::StrCat(where, ".min_p in [0, 1]"), FloatText(p.min_p));
+  }
+  if (p.repetition_penalty.has_value()) {
+    const float r = *p.repetition_penalty;
+    if (!(r > 0.0f) || std::isinf(r)) {
+      return Invalid(absl::StrCat(where, ".repetition_penalty finite and > 0 (1 is off)"),
+                     FloatText(r));
+    }
+  }
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
+    return Invalid(absl::StrCat(where, ".presence_penalty in [-2, 2]"),
+                   FloatText(p.presence_penalty));
+  }
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
+    return Invalid(absl::StrCat(where, ".frequency_penalty in [-2, 2]"),
+                   FloatText(p.frequency_penalty));
   }
   return absl::OkStatus();
 }
@@ -193,6 +209,7 @@ absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& reques
       out.seeds[r] = seed;
     }
   }
+  RETURN_IF_ERROR(ValidateProcessors(request, &out));
   return out;
 }
 

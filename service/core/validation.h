@@ -18,7 +18,8 @@ namespace samplerd::core {
 // Checks `request` against the semantics and `limits`, and returns the batch to sample.
 // `next_seed` is called once per row that needs a server-chosen seed.
 // Errors: INVALID_ARGUMENT for malformed requests (inline bytes that do not match the shape,
-// no or two logits sources, event handles that are not 64 bytes, done_event without output),
+// no or two logits sources, event handles that are not 64 bytes, done_event without output,
+// parameters out of range, malformed logits processors: ValidateProcessors in processors.h),
 // RESOURCE_EXHAUSTED for requests over `limits`. Region slices are checked later, when they are
 // leased (BindSampleIo). Messages never echo the logits or handles.
 absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& request,

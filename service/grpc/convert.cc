@@ -28,7 +28,38 @@ absl::Status ConvertParams(const v1::SamplingParams& in, core::ParamsSpec* out) 
   }
   if (in.has_seed()) out->seed = in.seed();
   out->position = in.position();
+  if (in.has_repetition_penalty()) out->repetition_penalty = in.repetition_penalty();
+  out->presence_penalty = in.presence_penalty();
+  out->frequency_penalty = in.frequency_penalty();
   return absl::OkStatus();
+}
+
+// The logits processors (processors.proto); the core validates them.
+void ConvertProcessors(const v1::SampleRequest& in, core::SampleRequest* out) {
+  if (in.has_logit_bias()) {
+    const v1::LogitBias& bias = in.logit_bias();
+    core::LogitBiasSpec& spec = out->logit_bias.emplace();
+    spec.row_offsets.assign(bias.row_offsets().begin(), bias.row_offsets().end());
+    spec.token_ids.assign(bias.token_ids().begin(), bias.token_ids().end());
+    spec.biases.assign(bias.biases().begin(), bias.biases().end());
+  }
+  if (in.has_token_history()) {
+    const v1::TokenHistory& history = in.token_history();
+    core::TokenHistorySpec& spec = out->token_history.emplace();
+    spec.row_offsets.assign(history.row_offsets().begin(), history.row_offsets().end());
+    spec.token_ids.assign(history.token_ids().begin(), history.token_ids().end());
+    spec.output_counts.assign(history.output_counts().begin(), history.output_counts().end());
+    spec.in_prompt.assign(history.in_prompt().begin(), history.in_prompt().end());
+  }
+  if (in.has_token_bitmask()) {
+    const v1::TokenBitmask& mask = in.token_bitmask();
+    core::TokenBitmaskSpec& spec = out->token_bitmask.emplace();
+    spec.has_inline_words = mask.data_case() == v1::TokenBitmask::kInlineWords;
+    spec.inline_words = mask.inline_words();
+    if (mask.data_case() == v1::TokenBitmask::kRegion) {
+      spec.region = core::RegionRef{mask.region().region(), mask.region().offset()};
+    }
+  }
 }
 
 v1::RowStatus ToProto(kernels::RowStatus status) {
@@ -41,6 +72,8 @@ v1::RowStatus ToProto(kernels::RowStatus status) {
       return v1::ROW_STATUS_INVALID_NO_FINITE;
     case kernels::RowStatus::kInvalidParams:
       return v1::ROW_STATUS_INVALID_PARAMS;
+    case kernels::RowStatus::kNoAllowed:
+      return v1::ROW_STATUS_INVALID_NO_ALLOWED;
   }
   return v1::ROW_STATUS_UNSPECIFIED;
 }
@@ -106,6 +139,7 @@ absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out) {
     }
     out->logprobs = spec;
   }
+  ConvertProcessors(in, out);
   return absl::OkStatus();
 }
 
@@ -129,7 +163,8 @@ void ToProto(const core::SampleResult& in, v1::SampleResponse* out) {
 }
 
 bool UsesRegions(const v1::SampleRequest& in) {
-  return in.logits().data_case() == v1::Tensor::kRegion || in.has_output();
+  return in.logits().data_case() == v1::Tensor::kRegion || in.has_output() ||
+         in.token_bitmask().data_case() == v1::TokenBitmask::kRegion;
 }
 
 void ToProto(const core::RegionInfo& in, v1::RegionInfo* out) {

@@ -1,5 +1,6 @@
 #include "service/core/regions/request_io.h"
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -74,6 +75,34 @@ absl::Status BindEvents(const SampleRequest& request, const Sampler& sampler, Ip
   return absl::OkStatus();
 }
 
+// The allowed-token bitmask: inline words, or a region slice of B * bitmask_words * 4 bytes,
+// aligned to 4, in host shm or GPU IPC memory of the sampler's device.
+absl::Status BindBitmask(const SampleRequest& request, const ValidatedBatch& batch,
+                         const Sampler& sampler, const RegionRegistry& regions,
+                         const std::vector<DeviceInfo>& devices, BoundIo* bound) {
+  const TokenBitmaskSpec& mask = *request.token_bitmask;
+  if (!mask.region.has_value()) {
+    bound->io.bitmask = mask.inline_words.data();
+    return absl::OkStatus();
+  }
+  const uint64_t bytes = static_cast<uint64_t>(batch.batch * batch.bitmask_words) * 4;
+  ASSIGN_OR_RETURN(bound->bitmask, Lease(regions, *mask.region, bytes, "token_bitmask.region"));
+  const RegionView& view = bound->bitmask.view();
+  if (reinterpret_cast<uintptr_t>(view.data) % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_bitmask.region: expected a slice aligned to 4 bytes (int32 words), got one at ",
+        reinterpret_cast<uintptr_t>(view.data) % 4, " bytes past a multiple of 4 (offset ",
+        mask.region->offset, ")"));
+  }
+  if (view.kind == RegionKind::kGpuIpc) {
+    RETURN_IF_ERROR(CheckOnSamplerDevice(view, sampler, devices, "token_bitmask.region"));
+    bound->io.bitmask_on_device = true;
+  }
+  bound->io.bitmask = view.data;
+  bound->io.bitmask_in_shm = view.kind == RegionKind::kHostShm;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const ValidatedBatch& batch,
@@ -116,6 +145,10 @@ absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const Validat
     }
     bound.io.output = view.data;
     bound.io.output_on_device = on_device;
+  }
+
+  if (request.token_bitmask.has_value()) {
+    RETURN_IF_ERROR(BindBitmask(request, batch, sampler, regions, devices, &bound));
   }
 
   if (!request.ready_event.empty() || !request.done_event.empty()) {

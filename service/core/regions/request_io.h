@@ -17,14 +17,16 @@ namespace samplerd::core {
 // What one request holds while it runs. Releasing it (destruction) releases the leases.
 struct BoundIo {
   SampleIo io;
-  RegionLease logits;  // empty for inline logits
-  RegionLease output;  // empty without an output region
+  RegionLease logits;   // empty for inline logits
+  RegionLease output;   // empty without an output region
+  RegionLease bitmask;  // empty without a token_bitmask region
 };
 
 // Leases `request`'s regions in `regions` (the logits slice: InlineBytes of the batch; the
-// output slice: B * 4 bytes) and opens its events through `events` (null: this server has no
-// GPU IPC). `devices` names the server's devices in messages. io.logits points into
-// request.inline_data for inline logits: the request must outlive the result.
+// output slice: B * 4 bytes; the token_bitmask slice: B * bitmask_words * 4 bytes) and opens
+// its events through `events` (null: this server has no GPU IPC). `devices` names the
+// server's devices in messages. io.logits (io.bitmask) points into request.inline_data
+// (token_bitmask->inline_words) for inline data: the request must outlive the result.
 //
 // Errors: Acquire's (NOT_FOUND, OUT_OF_RANGE, INVALID_ARGUMENT for a malformed name), prefixed
 // with the field; FAILED_PRECONDITION when a GPU region is not on `sampler`'s device, when the
