@@ -3,7 +3,9 @@
 // Written to be read next to the spec, not to be fast: every filter is a plain pass over the row
 // (the k-th value and the top-p mass come from one sort by z), and every reduction that can move a
 // decision runs in double in a fixed order, so repeated runs are bitwise identical. The choices
-// the spec leaves open are listed in kernels/README.md ("CPU semantics").
+// the spec leaves open are listed in kernels/README.md ("CPU semantics"). The logits processors
+// (logit bias, penalties, allowed-token bitmask) act on the row before everything else, through
+// kernels/common/logits_processors.h, the transform the GPU kernels share.
 #include "kernels/cpu/cpu_sampler.h"
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/common/logits_processors.h"
 #include "kernels/common/philox.h"
 #include "kernels/common/sampling_types.h"
 #include "kernels/cpu/cpu_logprobs.h"
@@ -25,7 +28,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Buffers reused across the rows of one call, so a batch allocates once.
 struct RowScratch {
-  std::vector<float> x;         // logits as fp32
+  std::vector<float> x;         // logits as fp32, after the row's processors
+  std::vector<float> raw;       // the unmodified logits, kept for raw logprobs when processed
   std::vector<float> z;         // x / T
   std::vector<uint8_t> keep;    // survivor mask
   std::vector<int32_t> order;   // token ids by z descending, id ascending
@@ -62,6 +66,34 @@ RowStatus Classify(const float* values, int64_t n) {
     if (values[j] != -kInf) all_negative_infinite = false;
   }
   return all_negative_infinite ? RowStatus::kNoFinite : RowStatus::kOk;
+}
+
+bool HasProcessors(const SampleArgs& args, int64_t row) {
+  return args.allowed_bitmask != nullptr ||
+         (args.adjusts != nullptr && args.adjust_offsets[row] != args.adjust_offsets[row + 1]);
+}
+
+// The logits processors of `row` on x (DESIGN.md, "Logits processors"): the TokenAdjust
+// entries (bias, then penalties), then the bitmask. Returns kNoAllowed when no x is above -inf
+// afterwards, else kOk. x must hold no NaN (Classify ran first).
+RowStatus ApplyProcessors(const SampleArgs& args, int64_t row, float* x) {
+  const int64_t n = args.vocab;
+  if (args.adjusts != nullptr) {
+    for (uint32_t e = args.adjust_offsets[row]; e < args.adjust_offsets[row + 1]; ++e) {
+      const TokenAdjust& adjust = args.adjusts[e];
+      x[adjust.token] = AdjustLogit(x[adjust.token], adjust);
+    }
+  }
+  if (args.allowed_bitmask != nullptr) {
+    const uint32_t* words = args.allowed_bitmask + row * args.bitmask_words;
+    for (int64_t j = 0; j < n; ++j) {
+      if (!TokenAllowed(words, j)) x[j] = Disallowed(x[j]);
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    if (x[j] != -kInf) return RowStatus::kOk;
+  }
+  return RowStatus::kNoAllowed;
 }
 
 // Index of the largest value, lowest index on ties (+inf is the largest). No NaN allowed.
@@ -198,10 +230,12 @@ RowDraw DrawRow(const RowParams& p, int64_t n, RowScratch& s) {
 }
 
 // Per-token logprobs (double) of the distribution `source` selects, for a drawn row.
-void FillLogprobs(const SampleArgs& args, const RowDraw& draw, int64_t n, RowScratch& s) {
+// `raw` holds the unmodified logits (s.raw when the row was processed, else s.x).
+void FillLogprobs(const SampleArgs& args, const RowDraw& draw, int64_t n, const float* raw,
+                  RowScratch& s) {
   double* out = s.logprob.data();
   if (args.logprob_source == LogprobSource::kRaw) {
-    LogSoftmax(s.x.data(), n, out);
+    LogSoftmax(raw, n, out);
     return;
   }
   switch (draw.kind) {
@@ -235,7 +269,16 @@ void CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end) {
   for (int64_t row = row_begin; row < row_end; ++row) {
     const RowParams& params = args.params[args.params_count == 1 ? 0 : row];
     LoadRow(args, row, s.x.data());
+    // NaN and all -inf are judged on the raw row, before any processor (DESIGN.md).
     RowStatus status = Classify(s.x.data(), n);
+    const float* raw = s.x.data();
+    if (status == RowStatus::kOk && HasProcessors(args, row)) {
+      if (top_n >= 0 && args.logprob_source == LogprobSource::kRaw) {
+        s.raw.assign(s.x.begin(), s.x.end());
+        raw = s.raw.data();
+      }
+      status = ApplyProcessors(args, row, s.x.data());
+    }
     RowDraw draw;
     if (status == RowStatus::kOk) {
       draw = DrawRow(params, n, s);
@@ -255,7 +298,7 @@ void CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end) {
       WriteInvalidLogprobs(top_n, out);
       continue;
     }
-    FillLogprobs(args, draw, n, s);
+    FillLogprobs(args, draw, n, raw, s);
     WriteLogprobs(s.logprob.data(), n, draw.token, top_n, s.ranked.data(), out);
   }
 }

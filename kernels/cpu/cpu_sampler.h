@@ -14,9 +14,10 @@ namespace samplerd::kernels {
 
 // Samples rows [row_begin, row_end) of `args` (host memory), writing their outputs.
 //
-// `args` must already be validated (shapes, parameter ranges); rows with NaN or no finite logit
-// get status kNan / kNoFinite and token -1 without disturbing other rows. Calls on disjoint row
-// ranges of the same args may run concurrently. Cost: O(V log V) per row.
+// `args` must already be validated (shapes, parameter ranges, processor entries); rows with NaN
+// or no finite logit get status kNan / kNoFinite, rows the logits processors leave with no
+// logit above -inf kNoAllowed, and token -1, without disturbing other rows. Calls on disjoint
+// row ranges of the same args may run concurrently. Cost: O(V log V) per row.
 void CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end);
 
 }  // namespace samplerd::kernels

@@ -1,5 +1,7 @@
 #include "service/core/backend/cpu_sampler.h"
 
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_sampler.h"
@@ -16,8 +18,8 @@ CpuSampler::CpuSampler(int threads) : pool_(threads) {
 
 absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
                                 SampleResult* result) {
-  if (io.logits_on_device || io.output_on_device || io.ready_event != nullptr ||
-      io.done_event != nullptr) {
+  if (io.logits_on_device || io.output_on_device || io.bitmask_on_device ||
+      io.ready_event != nullptr || io.done_event != nullptr) {
     return absl::UnimplementedError(
         "expected host memory for the CPU backend, got device memory or IPC events");
   }
@@ -34,6 +36,22 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
       return ShrunkShmError("the logits region");
     }
     host_logits = shm_copy_.get();
+  }
+  const uint32_t* bitmask = nullptr;
+  if (batch.bitmask_words > 0) {
+    // Shm words are copied (GuardedCopy) like the logits; inline bytes only when unaligned.
+    const size_t bytes = static_cast<size_t>(batch.batch * batch.bitmask_words) * 4;
+    if (io.bitmask_in_shm || reinterpret_cast<uintptr_t>(io.bitmask) % alignof(uint32_t) != 0) {
+      bitmask_copy_.resize(bytes / 4);
+      if (!io.bitmask_in_shm) {
+        std::memcpy(bitmask_copy_.data(), io.bitmask, bytes);
+      } else if (!GuardedCopy(bitmask_copy_.data(), io.bitmask, bytes)) {
+        return ShrunkShmError("the token_bitmask region");
+      }
+      bitmask = bitmask_copy_.data();
+    } else {
+      bitmask = static_cast<const uint32_t*>(io.bitmask);
+    }
   }
   const int64_t b = batch.batch;
   const int32_t n = batch.top_logprobs;
@@ -54,6 +72,12 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   args.params_count = static_cast<int64_t>(batch.params.size());
   args.top_logprobs = n;
   args.logprob_source = batch.logprob_source;
+  args.allowed_bitmask = bitmask;
+  args.bitmask_words = batch.bitmask_words;
+  if (!batch.adjusts.empty()) {
+    args.adjusts = batch.adjusts.data();
+    args.adjust_offsets = batch.adjust_offsets.data();
+  }
   args.token_ids = result->token_ids.data();
   args.status = result->row_status.data();
   if (n >= 0) {

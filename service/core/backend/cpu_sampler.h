@@ -1,8 +1,12 @@
-// The CPU backend: the reference sampler (kernels/cpu) spread over a thread pool.
+// The CPU backend: the reference sampler (kernels/cpu) spread over a thread pool. Every batch,
+// logits processors included, runs on the reference; the fast CPU sampler (kernels/cpu_fast)
+// serves only the device sessions' host plane, which has no processors.
 #ifndef SAMPLERD_SERVICE_CORE_BACKEND_CPU_SAMPLER_H_
 #define SAMPLERD_SERVICE_CORE_BACKEND_CPU_SAMPLER_H_
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "service/core/backend/sampler.h"
 #include "service/core/backend/thread_pool.h"
@@ -25,6 +29,8 @@ class CpuSampler final : public Sampler {
   // Grow-only private copy of host shm logits (see Sample).
   std::unique_ptr<char[]> shm_copy_;
   size_t shm_copy_bytes_ = 0;
+  // Private, aligned copy of a host shm or unaligned inline bitmask (see Sample).
+  std::vector<uint32_t> bitmask_copy_;
 };
 
 }  // namespace samplerd::core
