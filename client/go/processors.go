@@ -177,7 +177,7 @@ func tokenHistory(prompt, output [][]int32, batch int) (*samplerdv1.TokenHistory
 		inPrompt := map[int32]bool{}
 		if prompt != nil {
 			for _, t := range prompt[i] {
-				counts[t] += 0
+				counts[t] += 0 // an entry, with the output's count (if any) added below
 				inPrompt[t] = true
 			}
 		}

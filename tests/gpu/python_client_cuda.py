@@ -5,8 +5,9 @@ Every token is checked against the CPU server sampling the same logits inline. C
 bf16 tensors, a non-contiguous tensor, regions cached per allocation across fresh tensors, the
 ready event ordering the read (no synchronize by the caller), stream steps, PyTorch's IPC counter
 given back after each call, "never" / "auto" / "always" against a CPU server, close() leaving no
-region behind, a dead producer's regions unregistered by the next producer, and the fallback
-under expandable segments (in child processes).
+region behind, a dead producer's regions unregistered by the next producer, the fallback under
+expandable segments (in child processes), and a CUDA int32 token bitmask (with logit bias and
+penalties) sent by GPU IPC.
 
     python3 python_client_cuda.py --gpu unix:///tmp/g.sock --cpu unix:///tmp/c.sock --py DIR
 
@@ -217,6 +218,30 @@ def run(args, samplerd):
     cpu.close()
 
 
+def check_processors(args, samplerd):
+    """A grammar bitmask as a CUDA int32 tensor goes by GPU IPC (cuda_ipc="always": no copy),
+    with a logit bias and penalties: tokens == the CPU server's with the same mask inline."""
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(11)
+    batch, words = args.batch, (VOCAB + 31) // 32
+    rng = np.random.default_rng(11)
+    host_mask = rng.integers(-2**31, 2**31, (batch, words), dtype=np.int64).astype(np.int32)
+    host_mask[0] = 0
+    host_mask[0, 5] = 1 << 3  # row 0 allows token 163 only
+    mask = torch.from_numpy(host_mask).to(dev, non_blocking=True)
+    extra = dict(logit_bias={7: -float("inf")}, repetition_penalty=1.3, frequency_penalty=0.5,
+                 prompt_token_ids=[[1, 2, 3]] * batch, output_token_ids=[[4, 4, 9]] * batch)
+    with samplerd.Client(args.gpu, timeout=60, cuda_ipc="always") as gpu, \
+            samplerd.Client(args.cpu, timeout=60) as cpu:
+        logits = torch.randn(batch, VOCAB, device=dev, generator=gen) * 3
+        got = gpu.sample(logits, seed=seeds(batch), token_bitmask=mask, **extra, **PARAMS)
+        want = cpu_tokens(cpu, logits, token_bitmask=host_mask, **extra, **PARAMS)
+        check(got.tokens.tolist() == want and int(got.tokens[0]) == 163,
+              "a CUDA bitmask by GPU IPC with bias and penalties: tokens == CPU tokens")
+        check(len(gpu.cuda_regions) >= 2,
+              "the logits and the bitmask are GPU IPC regions (%d)" % len(gpu.cuda_regions))
+
+
 def leave_region_child(args, samplerd):
     """Registers a CUDA region, prints its names, and dies without closing the client."""
     client = samplerd.Client(args.gpu, cuda_ipc="always")
@@ -289,6 +314,10 @@ def main():
     if args.fresh_client_child:
         return fresh_client_child(args, samplerd)
     run(args, samplerd)
+    try:
+        check_processors(args, samplerd)
+    except Exception as e:  # noqa: BLE001 - one failed check, the others still run
+        check(False, "logits processors with a CUDA bitmask: %s: %s" % (type(e).__name__, e))
     check_stale_regions_are_reaped(args, samplerd)
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     child = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu", args.gpu, "--cpu",
