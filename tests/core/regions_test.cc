@@ -1,6 +1,7 @@
 // RegionRegistry: names, host shm registration and leases, GPU IPC through a fake GpuIpc (one
 // open per handle across names, refcounts, ranges against the allocation), unregister while
-// leased (deferred close off the releasing thread), CloseAll, and messages without secrets.
+// leased (deferred close off the releasing thread), CloseAll, and messages without secrets;
+// BindSampleIo's refusal of GPU IPC slices on a CPU sampler.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "service/core/backend/cpu_sampler.h"
 #include "service/core/regions/region_registry.h"
+#include "service/core/regions/request_io.h"
 #include "tests/core/fake_gpu_ipc.h"
 #include "tests/core/shm_test_util.h"
 
@@ -317,6 +320,31 @@ TEST(GpuRegionsWithoutIpc, AreFailedPreconditionOnACpuServer) {
       registry.RegisterGpuIpc("r", std::string(64, 'S'), 0, 16, kGpu.pci_bus_id);
   EXPECT_EQ(info.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(info.status().message()), HasSubstr("no GPU backend"));
+}
+
+// The CPU backend reads host memory only: a GPU IPC token bitmask gets the code GPU IPC logits
+// get there (a CPU server has no GpuIpc, so this is BindSampleIo's own check).
+TEST_F(GpuRegions, AGpuIpcBitmaskOnACpuSamplerIsFailedPrecondition) {
+  ASSERT_TRUE(registry_.RegisterGpuIpc("m", handle_a_, 0, 1024, kGpu.pci_bus_id).ok());
+  CpuSampler cpu(1);
+  const std::string logits(2 * 40 * 4, '\0');
+  SampleRequest r;
+  r.dtype = kernels::DType::kFp32;
+  r.shape = {2, 40};
+  r.inline_data = logits;
+  r.has_inline_data = true;
+  r.token_bitmask.emplace().region = RegionRef{"m", 0};
+  ValidatedBatch batch;
+  batch.batch = 2;
+  batch.vocab = 40;
+  batch.row_stride = 40;
+  batch.bitmask_words = 2;
+  absl::StatusOr<BoundIo> bound = BindSampleIo(r, batch, cpu, registry_, nullptr, {});
+  ASSERT_FALSE(bound.ok());
+  EXPECT_EQ(bound.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(bound.status().message(),
+            "expected token_bitmask.region in host memory (this server samples on the CPU), got "
+            "GPU memory");
 }
 
 }  // namespace

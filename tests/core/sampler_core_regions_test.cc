@@ -1,6 +1,6 @@
-// SamplerCore with regions: host shm logits and outputs on the CPU backend (same tokens as
-// inline), GPU IPC regions and IPC events on a fake GPU backend over a fake GpuIpc, the checks
-// that bind a request to its memory, and an unregister while a request is in flight.
+// SamplerCore with regions: host shm logits, outputs and token bitmasks on the CPU backend (same
+// tokens as inline), GPU IPC regions and IPC events on a fake GPU backend over a fake GpuIpc,
+// the checks that bind a request to its memory, and an unregister while a request is in flight.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -231,6 +232,76 @@ TEST_F(CoreWithRegions, UnregisterInFlightKeepsTheMappingUntilTheRequestEnds) {
   EXPECT_EQ(in_flight.result->token_ids, expected->token_ids);
 }
 
+// A bitmask allowing `allowed[r]` alone in row r (-1: nothing), ceil(vocab / 32) words a row.
+std::vector<uint32_t> OneTokenMask(int64_t vocab, const std::vector<int32_t>& allowed) {
+  const int64_t words = (vocab + 31) / 32;
+  std::vector<uint32_t> mask(allowed.size() * words, 0u);
+  for (size_t r = 0; r < allowed.size(); ++r) {
+    if (allowed[r] >= 0) mask[r * words + allowed[r] / 32] |= 1u << (allowed[r] % 32);
+  }
+  return mask;
+}
+
+TEST_F(CoreWithRegions, AHostShmBitmaskIsReadLikeShmLogits) {
+  MakeCore(false);
+  const int64_t b = 3, v = 100;  // 4 words, 16 bytes a row
+  const std::vector<float> logits = RandomLogits(b, v, 14);
+  const std::string bytes(reinterpret_cast<const char*>(logits.data()), logits.size() * 4);
+  const std::vector<uint32_t> mask = OneTokenMask(v, {42, -1, 99});
+  TestShm shm(4096);
+  ASSERT_TRUE(shm.ok());
+  std::memcpy(shm.data() + 256, mask.data(), mask.size() * 4);
+  ASSERT_TRUE(core_->regions().RegisterHostShm("masks", shm.key(), 0, 4096).ok());
+  SampleRequest r = Shaped(b, v);
+  r.inline_data = bytes;
+  r.has_inline_data = true;
+  r.token_bitmask.emplace().region = RegionRef{"masks", 256};
+  absl::StatusOr<SampleResult> got = Run(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->token_ids, (std::vector<int32_t>{42, -1, 99}));
+  EXPECT_EQ(got->row_status[1], kernels::RowStatus::kNoAllowed);
+  EXPECT_TRUE(sampler_->last_io_.bitmask_in_shm);
+  EXPECT_FALSE(sampler_->last_io_.bitmask_on_device);
+  EXPECT_NE(sampler_->last_io_.bitmask, nullptr);  // the registry's own mapping of the object
+
+  // The same words inline, at an odd address: the same tokens.
+  std::string inline_words(1 + mask.size() * 4, '\0');
+  std::memcpy(inline_words.data() + 1, mask.data(), mask.size() * 4);
+  r.token_bitmask.emplace().inline_words = std::string_view(inline_words).substr(1);
+  r.token_bitmask->has_inline_words = true;
+  got = Run(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->token_ids, (std::vector<int32_t>{42, -1, 99}));
+  EXPECT_FALSE(sampler_->last_io_.bitmask_in_shm);
+}
+
+TEST_F(CoreWithRegions, ABitmaskSliceMustFitAndBeAligned) {
+  MakeCore(false);
+  const std::string bytes(2 * 40 * 4, '\0');  // [2, 40]: 2 words a row, 16 bytes
+  TestShm shm(64);
+  ASSERT_TRUE(shm.ok());
+  ASSERT_TRUE(core_->regions().RegisterHostShm("masks", shm.key(), 0, 64).ok());
+  SampleRequest r = Shaped(2, 40);
+  r.inline_data = bytes;
+  r.has_inline_data = true;
+  r.token_bitmask.emplace().region = RegionRef{"masks", 52};
+  absl::StatusOr<SampleResult> got = Run(r);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(std::string(got.status().message()),
+              HasSubstr("token_bitmask.region: expected 16 bytes at offset 52, got a region of "
+                        "64"));
+  r.token_bitmask->region = RegionRef{"masks", 6};
+  got = Run(r);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(got.status().message(),
+            "token_bitmask.region: expected a slice aligned to 4 bytes (int32 words), got one "
+            "at 2 bytes past a multiple of 4 (offset 6)");
+  r.token_bitmask->region = RegionRef{"masks", 48};
+  EXPECT_TRUE(Run(r).ok());
+  r.token_bitmask->region = RegionRef{"nope", 0};
+  EXPECT_EQ(Run(r).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(CoreWithRegions, InfoReportsNoIpcWithoutAGpuIpc) {
   MakeCore(false);
   for (const DeviceInfo& d : core_->Info().devices) EXPECT_FALSE(d.ipc_memory || d.ipc_events);
@@ -333,6 +404,18 @@ TEST_F(GpuCore, OutputAndLogitsMustShareTheirMemory) {
   r.output = RegionRef{"host", 2048};
   r.done_event = std::string(64, 'd');
   EXPECT_EQ(Run(r).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(GpuCore, AGpuIpcBitmaskReachesTheBackendAsADevicePointer) {
+  SampleRequest r = GpuRequest();
+  r.token_bitmask.emplace().region = RegionRef{"gpu", 2048};  // 2 rows x 2 words
+  ASSERT_TRUE(Run(r).ok());
+  const SampleIo& io = sampler_->last_io_;
+  EXPECT_TRUE(io.bitmask_on_device);
+  EXPECT_FALSE(io.bitmask_in_shm);
+  EXPECT_EQ(io.bitmask, memory_.data() + 512 + 2048);
+  r.token_bitmask->region = RegionRef{"gpu", 2050};
+  EXPECT_EQ(Run(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(GpuCore, TheRequestedDeviceMustBeTheRegionsDevice) {

@@ -10,107 +10,34 @@
 #include <vector>
 
 #include "kernels/common/sampling_types.h"
+#include "tests/kernels/chi_square.h"
+#include "tests/kernels/processors_test_util.h"
 #include "tests/kernels/sampler_test_util.h"
 
 namespace samplerd::kernels {
 namespace {
 
+using ::samplerd::kernels::testing::Bias;
+using ::samplerd::kernels::testing::ChiSquare;
+using ::samplerd::kernels::testing::ChiSquareCritical;
 using ::samplerd::kernels::testing::DrawTokens;
+using ::samplerd::kernels::testing::ExpectedProcessed;
 using ::samplerd::kernels::testing::kInf;
 using ::samplerd::kernels::testing::kNaN;
+using ::samplerd::kernels::testing::MaskAllowing;
+using ::samplerd::kernels::testing::NormalUpperQuantile;
 using ::samplerd::kernels::testing::Params;
+using ::samplerd::kernels::testing::Pearson;
+using ::samplerd::kernels::testing::Penalised;
 using ::samplerd::kernels::testing::RandomLogits;
 using ::samplerd::kernels::testing::ReferenceDistribution;
 using ::samplerd::kernels::testing::ReferenceSupport;
 using ::samplerd::kernels::testing::RowResult;
 using ::samplerd::kernels::testing::SampleBatch;
+using ::samplerd::kernels::testing::SampleProcessed;
 
 constexpr double kAlpha = 1e-6;  // false-alarm rate per chi-square test
 constexpr int kDraws = 20000;
-
-// z with P(N(0,1) > z) = alpha, by bisection on erfc (monotone decreasing).
-double NormalUpperQuantile(double alpha) {
-  double lo = 0.0, hi = 40.0;
-  for (int i = 0; i < 200; ++i) {
-    const double mid = 0.5 * (lo + hi);
-    (0.5 * std::erfc(mid / std::sqrt(2.0)) > alpha ? lo : hi) = mid;
-  }
-  return 0.5 * (lo + hi);
-}
-
-// Upper regularized incomplete gamma Q(a, x) = Gamma(a, x) / Gamma(a): the power series of
-// P = 1 - Q below x = a + 1, Lentz's continued fraction for Q above (where chi-square tails are).
-double UpperGammaQ(double a, double x) {
-  if (x <= 0.0) return 1.0;
-  const double prefix = std::exp(-x + a * std::log(x) - std::lgamma(a));
-  if (x < a + 1.0) {
-    double term = 1.0 / a, sum = term;
-    for (int n = 1; n < 10000 && term > sum * 1e-17; ++n) {
-      term *= x / (a + n);
-      sum += term;
-    }
-    return 1.0 - prefix * sum;
-  }
-  constexpr double kTiny = 1e-300;
-  double b = x + 1.0 - a, c = 1.0 / kTiny, d = 1.0 / b, h = d;
-  for (int i = 1; i < 10000; ++i) {
-    const double an = -i * (i - a);
-    b += 2.0;
-    d = an * d + b;
-    c = b + an / c;
-    d = 1.0 / (std::fabs(d) < kTiny ? kTiny : d);
-    c = std::fabs(c) < kTiny ? kTiny : c;
-    h *= d * c;
-    if (std::fabs(d * c - 1.0) < 1e-16) break;
-  }
-  return prefix * h;
-}
-
-// x with P(chi2_df > x) = alpha, by bisection on the survival function Q(df/2, x/2).
-double ChiSquareCritical(int df, double alpha) {
-  double lo = 0.0, hi = 1e4;
-  for (int i = 0; i < 200; ++i) {
-    const double mid = 0.5 * (lo + hi);
-    (UpperGammaQ(0.5 * df, 0.5 * mid) > alpha ? lo : hi) = mid;
-  }
-  return 0.5 * (lo + hi);
-}
-
-struct ChiSquare {
-  double statistic = 0.0;
-  int df = 0;
-};
-
-// Pearson's statistic of `counts` against `prob` (n draws), merging the cells with the smallest
-// expected counts until every merged cell expects >= 5.
-ChiSquare Pearson(const std::vector<int64_t>& counts, const std::vector<double>& prob, int n) {
-  std::vector<size_t> cells;
-  for (size_t j = 0; j < prob.size(); ++j) {
-    if (prob[j] > 0.0) cells.push_back(j);
-  }
-  std::sort(cells.begin(), cells.end(), [&](size_t a, size_t b) { return prob[a] < prob[b]; });
-  std::vector<double> expected, observed;
-  double e = 0.0, o = 0.0;
-  for (size_t j : cells) {
-    e += n * prob[j];
-    o += static_cast<double>(counts[j]);
-    if (e >= 5.0) {
-      expected.push_back(e);
-      observed.push_back(o);
-      e = o = 0.0;
-    }
-  }
-  if (e > 0.0 && !expected.empty()) {  // the leftover joins the last (largest) cell
-    expected.back() += e;
-    observed.back() += o;
-  }
-  ChiSquare result;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    result.statistic += (observed[i] - expected[i]) * (observed[i] - expected[i]) / expected[i];
-  }
-  result.df = static_cast<int>(expected.size()) - 1;
-  return result;
-}
 
 // Draws kDraws tokens and compares their histogram with the exact distribution.
 void ExpectFitsTheReferenceDistribution(const std::vector<float>& x, const RowParams& p) {
@@ -152,6 +79,40 @@ TEST(CpuSamplerStats, TopPSamplingFitsTheRenormalisedNucleus) {
   RowParams p = Params(1.0f, 106);
   p.top_p = 0.8f;
   ExpectFitsTheReferenceDistribution(RandomLogits(50, 107, -3.0f, 3.0f), p);
+}
+
+// Logits processors: draws follow softmax of the processed row (bias, penalties, mask), after
+// temperature and the filters, renormalised over the survivors.
+TEST(CpuSamplerStats, ProcessedSamplingFitsTheRenormalisedProcessedDistribution) {
+  const std::vector<float> x = RandomLogits(60, 110, -3.0f, 3.0f);
+  std::vector<TokenAdjust> adjusts = {Bias(2, 1.5f), Penalised(7, 1.4f, 0.6f),
+                                      Penalised(12, 0.7f, -0.3f), Bias(20, -kInf), Bias(33, -2.0f)};
+  adjusts[1].bias = 0.5f;
+  std::vector<int32_t> allowed;
+  for (int32_t t = 0; t < 60; ++t) {
+    if (t % 4 != 1) allowed.push_back(t);
+  }
+  const std::vector<uint32_t> mask = MaskAllowing(60, allowed);
+  RowParams p = Params(0.9f, 111);
+  p.top_k = 30;
+  p.min_p = 0.01f;
+  const std::vector<double> prob = ReferenceDistribution(ExpectedProcessed(x, adjusts, mask), p);
+
+  testing::BatchProcessors proc;
+  proc.adjusts.assign(kDraws, adjusts);
+  proc.masks.assign(kDraws, mask);
+  std::vector<RowParams> params(kDraws, p);
+  for (int i = 0; i < kDraws; ++i) params[i].position = static_cast<uint64_t>(i);
+  std::vector<int64_t> counts(x.size(), 0);
+  for (const RowResult& r :
+       SampleProcessed(std::vector<std::vector<float>>(kDraws, x), params, proc)) {
+    ASSERT_TRUE(r.token >= 0 && prob[r.token] > 0.0)
+        << "drew token " << r.token << " outside the support";
+    ++counts[r.token];
+  }
+  const ChiSquare chi = Pearson(counts, prob, kDraws);
+  ASSERT_GE(chi.df, 2) << "setting too concentrated to test";
+  EXPECT_LT(chi.statistic, ChiSquareCritical(chi.df, kAlpha)) << "df " << chi.df;
 }
 
 TEST(CpuSamplerStats, MinPSamplingFitsTheRenormalisedSurvivors) {

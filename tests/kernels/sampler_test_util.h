@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -42,11 +43,12 @@ inline RowParams Params(float t, uint64_t seed = 0, uint64_t position = 0) {
 }
 
 // Samples a row-major fp32 batch (rows of equal length) with `params` broadcast (size 1) or per
-// row. top_logprobs >= 0 also collects logprobs.
-inline std::vector<RowResult> SampleBatch(const std::vector<std::vector<float>>& rows,
-                                          const std::vector<RowParams>& params,
-                                          int32_t top_logprobs = -1,
-                                          LogprobSource source = LogprobSource::kRaw) {
+// row. top_logprobs >= 0 also collects logprobs. `configure` (may be empty) may set more of the
+// SampleArgs (the logits processors) before the rows are sampled.
+inline std::vector<RowResult> SampleBatch(
+    const std::vector<std::vector<float>>& rows, const std::vector<RowParams>& params,
+    int32_t top_logprobs = -1, LogprobSource source = LogprobSource::kRaw,
+    const std::function<void(SampleArgs&)>& configure = nullptr) {
   const int64_t batch = static_cast<int64_t>(rows.size());
   const int64_t vocab = static_cast<int64_t>(rows[0].size());
   std::vector<float> logits;
@@ -75,6 +77,7 @@ inline std::vector<RowResult> SampleBatch(const std::vector<std::vector<float>>&
   args.sampled_rank = rank.data();
   args.top_ids = top_ids.data();
   args.top_values = top_values.data();
+  if (configure) configure(args);
   CpuSampleRows(args, 0, batch);
 
   std::vector<RowResult> results(batch);
