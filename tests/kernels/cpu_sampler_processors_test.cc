@@ -133,6 +133,22 @@ TEST(CpuSamplerProcessors, ARawRowOfMinusInfIsNoFiniteWhateverTheBias) {
   EXPECT_EQ(r.token, -1);
 }
 
+TEST(CpuSamplerProcessors, AMaskedPlusInfNoLongerTakesTheMass) {
+  const std::vector<float> x = {1.0f, kInf, 2.0f, kInf};
+  // Both +inf tokens disallowed: the row is sampled from its finite logits.
+  const std::vector<uint32_t> finite_only = MaskAllowing(4, {0, 2});
+  EXPECT_EQ(SampleOneProcessed(x, Params(0.0f), {}, finite_only).token, 2);
+  bool seen[3] = {false, false, false};
+  for (uint64_t pos = 0; pos < 64; ++pos) {
+    const int32_t t = SampleOneProcessed(x, Params(1.0f, 7, pos), {}, finite_only).token;
+    ASSERT_TRUE(t == 0 || t == 2) << t;
+    seen[t] = true;
+  }
+  EXPECT_TRUE(seen[0] && seen[2]);
+  // One +inf token allowed: it takes all the mass.
+  EXPECT_EQ(SampleOneProcessed(x, Params(1.0f, 7), {}, MaskAllowing(4, {0, 2, 3})).token, 3);
+}
+
 // ---- Logit bias -----------------------------------------------------------------------------
 
 TEST(CpuSamplerProcessors, APlusInfBiasForcesTheToken) {
