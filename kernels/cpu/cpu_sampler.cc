@@ -9,6 +9,7 @@
 #include "kernels/cpu/cpu_sampler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -253,7 +254,8 @@ void FillLogprobs(const SampleArgs& args, const RowDraw& draw, int64_t n, const 
 
 }  // namespace
 
-void CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end) {
+bool CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end,
+                   const std::atomic<bool>* stop) {
   const int64_t n = args.vocab;
   const int32_t top_n = args.top_logprobs;
   RowScratch s;
@@ -267,6 +269,8 @@ void CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end) {
   }
 
   for (int64_t row = row_begin; row < row_end; ++row) {
+    // Relaxed: the flag orders nothing, it only has to be seen within a row or so.
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) return false;
     const RowParams& params = args.params[args.params_count == 1 ? 0 : row];
     LoadRow(args, row, s.x.data());
     // NaN and all -inf are judged on the raw row, before any processor (DESIGN.md).
@@ -301,6 +305,7 @@ void CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end) {
     FillLogprobs(args, draw, n, raw, s);
     WriteLogprobs(s.logprob.data(), n, draw.token, top_n, s.ranked.data(), out);
   }
+  return true;
 }
 
 }  // namespace samplerd::kernels

@@ -6,6 +6,7 @@
 #ifndef SAMPLERD_KERNELS_CPU_CPU_SAMPLER_H_
 #define SAMPLERD_KERNELS_CPU_CPU_SAMPLER_H_
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/common/sampling_types.h"
@@ -18,7 +19,12 @@ namespace samplerd::kernels {
 // or no finite logit get status kNan / kNoFinite, rows the logits processors leave with no
 // logit above -inf kNoAllowed, and token -1, without disturbing other rows. Calls on disjoint
 // row ranges of the same args may run concurrently. Cost: O(V log V) per row.
-void CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end);
+//
+// `stop` (may be null) is read before each row: once it is true, the remaining rows are left
+// unwritten and the call returns false, so that a server draining its work gives up a batch
+// within one row per thread. Returns true when every row of the range was sampled.
+bool CpuSampleRows(const SampleArgs& args, int64_t row_begin, int64_t row_end,
+                   const std::atomic<bool>* stop = nullptr);
 
 }  // namespace samplerd::kernels
 

@@ -163,6 +163,8 @@ void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bo
         "the client cancelled the request or its deadline passed before sampling started");
   } else if (faulted()) {
     refused = FaultedError();
+  } else if (cancelled_.load(std::memory_order_acquire)) {
+    refused = CancelledByDrainError();
   }
   if (!refused.ok()) {
     ReleaseAdmission();
@@ -174,7 +176,12 @@ void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bo
   SampleResult result;
   result.request_id = request.request_id;
   result.seeds = std::move(batch.seeds);
-  absl::Status status = sampler_->Sample(batch, bound.io, &result);
+  SampleIo io = bound.io;
+  io.cancel = &cancelled_;
+  absl::Status status = sampler_->Sample(batch, io, &result);
+  if (absl::IsCancelled(status) && cancelled_.load(std::memory_order_acquire)) {
+    status = CancelledByDrainError();
+  }
   const absl::Time end = absl::Now();
   result.timings.queue = start - request.arrival;
   result.timings.compute = end - start;
@@ -225,6 +232,12 @@ absl::Status SamplerCore::FaultedError() const {
                    why, "); samplerd is restarting, retry on another instance"));
 }
 
+absl::Status SamplerCore::CancelledByDrainError() const {
+  return absl::UnavailableError(
+      "samplerd is shutting down and its grace period (--grace_period) ended before this request "
+      "was sampled; retry on another instance");
+}
+
 void SamplerCore::Finish() {
   std::lock_guard<std::mutex> lock(mu_);
   if (--in_flight_ == 0) idle_cv_.notify_all();
@@ -238,6 +251,16 @@ int64_t SamplerCore::admitted() const {
 bool SamplerCore::Drain(absl::Time deadline) {
   draining_.store(true, std::memory_order_release);
   sessions_->CloseAll();
+  return WaitIdle(deadline);
+}
+
+bool SamplerCore::CancelInFlight(absl::Time deadline) {
+  draining_.store(true, std::memory_order_release);
+  cancelled_.store(true, std::memory_order_release);
+  return WaitIdle(deadline);
+}
+
+bool SamplerCore::WaitIdle(absl::Time deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   return idle_cv_.wait_for(
       lock, absl::ToChronoNanoseconds(std::max(deadline - absl::Now(), absl::ZeroDuration())),

@@ -73,6 +73,12 @@ class SamplerCore {
   // `deadline` passes. Returns true when nothing is left in flight.
   bool Drain(absl::Time deadline);
 
+  // Ends the work a Drain left in flight (call it when the grace period is over): the batch
+  // being sampled stops early (the CPU backend between rows, within one row per thread; a GPU
+  // launch runs to its end) and it and every queued request are answered UNAVAILABLE. Waits
+  // until nothing is in flight or `deadline` passes; returns true when nothing is left.
+  bool CancelInFlight(absl::Time deadline);
+
   // Sampling requests and stream steps admitted and not yet answered (what max_inflight
   // bounds).
   int64_t admitted() const;
@@ -107,6 +113,10 @@ class SamplerCore {
   void Finish();
   // The status refusing work after a fault.
   absl::Status FaultedError() const;
+  // The status of requests that CancelInFlight ended.
+  absl::Status CancelledByDrainError() const;
+  // Waits until nothing is in flight or `deadline` passes; true when nothing is left.
+  bool WaitIdle(absl::Time deadline);
 
   const CoreOptions options_;
   std::unique_ptr<Sampler> sampler_;
@@ -115,6 +125,8 @@ class SamplerCore {
   SeedSource seeds_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> faulted_{false};
+  // Set by CancelInFlight; the running batch reads it through SampleIo::cancel.
+  std::atomic<bool> cancelled_{false};
   mutable std::mutex mu_;
   absl::Status fault_;  // guarded by mu_: the status of the request that faulted
   std::condition_variable idle_cv_;
