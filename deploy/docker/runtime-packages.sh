@@ -4,11 +4,12 @@
 #   runtime-packages.sh BINARY > runtime-packages.txt
 #
 # Run in an image's build stage; the runtime stage installs exactly that list on debian:12-slim.
-# This way the runtime image follows the build (a new library, e.g. libcivetweb1 for metrics,
-# needs no edit here) and carries no -dev package, compiler or CMake. Debian puts the soname in
-# the package name (libgrpc29, libabsl20220623), so the same names on the same release are
-# ABI-compatible. Libraries that a binary opens with dlopen (libcuda.so.1, which the NVIDIA
-# container runtime or the DRA driver mounts from the host) are not listed, by design.
+# This way the runtime image follows the build (a new library, e.g. libprometheus-cpp-core1.0 and
+# libprometheus-cpp-pull1.0 for metrics, needs no edit here) and carries no -dev package, compiler
+# or CMake. Debian puts the soname in the package name (libgrpc29, libabsl20220623), so the same
+# names on the same release are ABI-compatible. Libraries that a binary opens with dlopen
+# (libcuda.so.1, which the NVIDIA container runtime or the DRA driver mounts from the host) are
+# not listed, by design.
 # Fails when a library belongs to no package (e.g. one built into /usr/local by hand).
 set -euo pipefail
 

@@ -1,21 +1,19 @@
 #include "service/metrics/http_exporter.h"
 
 #include <arpa/inet.h>
-#include <civetweb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstring>
-#include <mutex>
+#include <exception>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "service/metrics/text_format.h"
 
 namespace samplerd::metrics {
 namespace {
@@ -73,52 +71,35 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::str
         absl::StrCat("expected a numeric metrics address such as 0.0.0.0, 127.0.0.1 or [::], got '",
                      address, "'"));
   }
-  static std::once_flag init_once;
-  std::call_once(init_once, [] { mg_init_library(0); });
-
-  std::unique_ptr<HttpExporter> exporter(new HttpExporter(registry));
+  std::unique_ptr<HttpExporter> exporter(new HttpExporter());
   exporter->address_ = address;
   const std::string ports = absl::StrCat(address, ":", port);
   // Two workers: a scrape is a few kB rendered in microseconds; keep-alive connections from
   // one or two scrapers are all there is. Slow or idle clients are dropped after 10 s.
-  const char* options[] = {"listening_ports",
-                           ports.c_str(),
-                           "num_threads",
-                           "2",
-                           "request_timeout_ms",
-                           "10000",
-                           "enable_keep_alive",
-                           "yes",
-                           "keep_alive_timeout_ms",
-                           "30000",
-                           nullptr};
-  mg_callbacks callbacks;
-  std::memset(&callbacks, 0, sizeof(callbacks));
-  char error_text[256] = "";
-  mg_init_data init = {&callbacks, exporter.get(), options};
-  mg_error_data error = {nullptr, error_text, sizeof(error_text)};
-  exporter->context_ = mg_start2(&init, &error);
-  if (exporter->context_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("expected to serve metrics on ", ports, ", got: ",
-                                               error_text[0] != '\0' ? error_text : "an error"));
+  try {
+    exporter->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", ports, "num_threads", "2", "request_timeout_ms", "10000",
+        "enable_keep_alive", "yes", "keep_alive_timeout_ms", "30000"});
+  } catch (const std::exception& e) {  // civetweb's CivetException, with its reason
+    return absl::UnavailableError(
+        absl::StrCat("expected to serve metrics on ", ports, ", got: ", e.what()));
   }
-  mg_set_request_handler(exporter->context_, "/metrics$", &HttpExporter::HandleMetrics,
-                         exporter.get());
-  mg_server_port bound[4];
-  std::memset(bound, 0, sizeof(bound));
-  const int n = mg_get_server_ports(exporter->context_, 4, bound);
-  exporter->port_ = n > 0 ? bound[0].port : port;
+  // civetweb matches a handler's URI as a prefix unless it ends in '$': "/metrics" alone would
+  // also answer /metrics/anything.
+  exporter->exposer_->RegisterCollectable(registry->collectable(), "/metrics$");
+  const std::vector<int> bound = exporter->exposer_->GetListeningPorts();
+  exporter->port_ = bound.empty() ? port : bound.front();
   return exporter;
 }
 
 HttpExporter::~HttpExporter() {
-  if (context_ == nullptr) return;
+  if (exposer_ == nullptr) return;
   // civetweb's listening thread sees the stop only when its poll() returns, which it does every
   // 2 s (a compile-time quantum) or on a new connection: knock until mg_stop is through, so that
   // stopping takes milliseconds, not up to 2 s (measured: 2.0 s per stop without this).
   std::atomic<bool> stopped{false};
   std::thread stopper([this, &stopped] {
-    mg_stop(context_);
+    exposer_.reset();  // civetweb's mg_stop
     stopped.store(true, std::memory_order_release);
   });
   for (int i = 0; i < 300 && !stopped.load(std::memory_order_acquire); ++i) {
@@ -126,20 +107,6 @@ HttpExporter::~HttpExporter() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   stopper.join();
-}
-
-int HttpExporter::HandleMetrics(mg_connection* connection, void* self) {
-  const mg_request_info* request = mg_get_request_info(connection);
-  const bool head = std::strcmp(request->request_method, "HEAD") == 0;
-  if (!head && std::strcmp(request->request_method, "GET") != 0) {
-    mg_send_http_error(connection, 405, "expected GET or HEAD /metrics, got %s",
-                       request->request_method);
-    return 405;
-  }
-  const std::string body = static_cast<HttpExporter*>(self)->registry_->ExpositionText();
-  mg_send_http_ok(connection, kExpositionContentType, static_cast<long long>(body.size()));
-  if (!head) mg_write(connection, body.data(), body.size());
-  return 200;
 }
 
 }  // namespace samplerd::metrics

@@ -1,10 +1,9 @@
-// Serves a Registry at GET /metrics over plain HTTP/1.1, for Prometheus scrapes.
+// Serves a Registry at GET /metrics over plain HTTP/1.1, for Prometheus scrapes: prometheus-cpp's
+// Exposer (Debian's libprometheus-cpp-pull, on civetweb), started with samplerd's checks, its
+// errors as statuses and a fast stop.
 //
-// Why civetweb (Debian's libcivetweb1) and not a hand-written server: parsing HTTP from the
-// network (partial reads, pipelining, keep-alive, slow or hostile clients, timeouts) is easy to
-// get subtly wrong, and civetweb is a small, embeddable, maintained server that does it with a
-// bounded worker pool. It serves no files here (no document_root): /metrics answers, every
-// other path is 404. No TLS: scrapes stay inside the pod network (see --metrics_address).
+// The exposer serves no files (no document_root): /metrics answers, every other path is 404. No
+// TLS: scrapes stay inside the pod network (see --metrics_address).
 #ifndef SAMPLERD_SERVICE_METRICS_HTTP_EXPORTER_H_
 #define SAMPLERD_SERVICE_METRICS_HTTP_EXPORTER_H_
 
@@ -12,20 +11,18 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "prometheus/exposer.h"
 #include "service/metrics/registry.h"
-
-struct mg_context;
-struct mg_connection;
 
 namespace samplerd::metrics {
 
 class HttpExporter {
  public:
   // Listens on `address`:`port` ("0.0.0.0", "127.0.0.1"; port 0 picks a free one) with two
-  // worker threads and answers GET or HEAD /metrics with registry->ExpositionText(). `registry`
-  // must outlive the exporter. Errors: INVALID_ARGUMENT for a port outside [0, 65535] or an
-  // address with characters civetweb would misread, UNAVAILABLE when the port cannot be bound
-  // (with civetweb's reason).
+  // worker threads and answers GET /metrics with what registry->ExpositionText() would return
+  // (gzip-compressed when the client accepts it). `registry` must outlive the exporter.
+  // Errors: INVALID_ARGUMENT for a port outside [0, 65535] or an address with characters civetweb
+  // would misread, UNAVAILABLE when the port cannot be bound (with civetweb's reason).
   static absl::StatusOr<std::unique_ptr<HttpExporter>> Start(const std::string& address, int port,
                                                              const Registry* registry);
 
@@ -38,12 +35,10 @@ class HttpExporter {
   int port() const { return port_; }
 
  private:
-  explicit HttpExporter(const Registry* registry) : registry_(registry) {}
-  static int HandleMetrics(mg_connection* connection, void* self);
+  HttpExporter() = default;
 
-  const Registry* const registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
   std::string address_;  // as given to Start
-  mg_context* context_ = nullptr;
   int port_ = 0;
 };
 

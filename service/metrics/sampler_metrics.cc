@@ -1,20 +1,20 @@
 #include "service/metrics/sampler_metrics.h"
 
-#include <utility>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 
 namespace samplerd::metrics {
 namespace {
 
-#define SAMPLERD_ASSIGN_OR_RETURN_METRIC(lhs, expr) \
-  do {                                              \
-    auto _result = (expr);                          \
-    if (!_result.ok()) return _result.status();     \
-    lhs = *_result;                                 \
-  } while (false)
-
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// Registers the family `name` built by `builder` (prometheus::BuildCounter() and the like).
+template <typename Builder>
+auto& BuildFamily(Builder builder, const char* name, const char* help,
+                  prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
 
 }  // namespace
 
@@ -50,82 +50,71 @@ const char* TransportName(Transport transport) {
 
 absl::StatusOr<std::unique_ptr<SamplerMetrics>> SamplerMetrics::Create(Registry* registry) {
   std::unique_ptr<SamplerMetrics> m(new SamplerMetrics());
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      m->requests_,
-      registry->AddCounter("samplerd_requests_total",
+  try {
+    m->Register(registry->prometheus());
+  } catch (const std::invalid_argument& e) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "expected samplerd's metric names to be new in the registry, got: ", e.what()));
+  }
+  return m;
+}
+
+void SamplerMetrics::Register(prometheus::Registry& registry) {
+  requests_ = &BuildFamily(prometheus::BuildCounter(), "samplerd_requests_total",
                            "SamplerService RPCs answered, by method and gRPC status code "
                            "(SampleStream: one per step, with the step's code).",
-                           {"method", "code"}));
-  CounterFamily* rows;
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      rows, registry->AddCounter("samplerd_rows_sampled_total",
-                                 "Rows (batch entries) of successfully sampled requests."));
-  m->rows_ = &rows->Get();
-  CounterFamily* bytes;
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      bytes, registry->AddCounter("samplerd_input_bytes_total",
-                                  "Logits bytes read by successfully sampled requests, by "
-                                  "transport (inline, host_shm, gpu_ipc).",
-                                  {"transport"}));
+                           registry);
+  rows_ = &BuildFamily(prometheus::BuildCounter(), "samplerd_rows_sampled_total",
+                       "Rows (batch entries) of successfully sampled requests.", registry)
+               .Add({});
+  auto& bytes = BuildFamily(prometheus::BuildCounter(), "samplerd_input_bytes_total",
+                            "Logits bytes read by successfully sampled requests, by "
+                            "transport (inline, host_shm, gpu_ipc).",
+                            registry);
   for (int t = 0; t < kTransportCount; ++t) {
-    SAMPLERD_ASSIGN_OR_RETURN_METRIC(m->input_bytes_[t],
-                                     bytes->WithLabels({TransportName(static_cast<Transport>(t))}));
+    input_bytes_[t] = &bytes.Add({{"transport", TransportName(static_cast<Transport>(t))}});
   }
-  HistogramFamily* histogram;
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      histogram, registry->AddHistogram("samplerd_queue_wait_seconds",
-                                        "Time from a request's arrival until the backend starts "
-                                        "on it (or it is refused there), seconds.",
-                                        LatencyBucketsSeconds()));
-  m->queue_wait_ = &histogram->Get();
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      histogram,
-      registry->AddHistogram("samplerd_backend_seconds",
-                             "Time a request spends in the sampling backend (kernels and "
-                             "copies), seconds.",
-                             LatencyBucketsSeconds()));
-  m->backend_ = &histogram->Get();
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      histogram, registry->AddHistogram("samplerd_request_duration_seconds",
-                                        "Server-side time from a request's arrival until its "
-                                        "answer is ready, seconds.",
-                                        LatencyBucketsSeconds()));
-  m->total_ = &histogram->Get();
-  GaugeFamily* regions;
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      regions, registry->AddGauge("samplerd_regions", "Registered regions, by kind.", {"kind"}));
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(m->regions_host_shm_, regions->WithLabels({"host_shm"}));
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(m->regions_gpu_ipc_, regions->WithLabels({"gpu_ipc"}));
-  CounterFamily* opens;
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      opens, registry->AddCounter("samplerd_ipc_opens_total",
-                                  "GPU IPC handles opened through the runtime, by kind (memory, "
-                                  "event) and result (ok, error); cached reuses are not counted.",
-                                  {"kind", "result"}));
+  queue_wait_ = &BuildFamily(prometheus::BuildHistogram(), "samplerd_queue_wait_seconds",
+                             "Time from a request's arrival until the backend starts "
+                             "on it (or it is refused there), seconds.",
+                             registry)
+                     .Add({}, LatencyBucketsSeconds());
+  backend_ = &BuildFamily(prometheus::BuildHistogram(), "samplerd_backend_seconds",
+                          "Time a request spends in the sampling backend (kernels and "
+                          "copies), seconds.",
+                          registry)
+                  .Add({}, LatencyBucketsSeconds());
+  total_ = &BuildFamily(prometheus::BuildHistogram(), "samplerd_request_duration_seconds",
+                        "Server-side time from a request's arrival until its "
+                        "answer is ready, seconds.",
+                        registry)
+                .Add({}, LatencyBucketsSeconds());
+  auto& regions = BuildFamily(prometheus::BuildGauge(), "samplerd_regions",
+                              "Registered regions, by kind.", registry);
+  regions_host_shm_ = &regions.Add({{"kind", "host_shm"}});
+  regions_gpu_ipc_ = &regions.Add({{"kind", "gpu_ipc"}});
+  auto& opens = BuildFamily(prometheus::BuildCounter(), "samplerd_ipc_opens_total",
+                            "GPU IPC handles opened through the runtime, by kind (memory, "
+                            "event) and result (ok, error); cached reuses are not counted.",
+                            registry);
   const char* kinds[] = {"memory", "event"};
   const char* results[] = {"ok", "error"};
   for (int k = 0; k < 2; ++k) {
     for (int r = 0; r < 2; ++r) {
-      SAMPLERD_ASSIGN_OR_RETURN_METRIC(m->ipc_opens_[k][r],
-                                       opens->WithLabels({kinds[k], results[r]}));
+      ipc_opens_[k][r] = &opens.Add({{"kind", kinds[k]}, {"result", results[r]}});
     }
   }
-  GaugeFamily* inflight;
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      inflight, registry->AddGauge("samplerd_inflight_requests",
-                                   "Sampling requests and stream steps admitted and not yet "
-                                   "answered (bounded by --max_inflight)."));
-  m->inflight_ = &inflight->Get();
-  SAMPLERD_ASSIGN_OR_RETURN_METRIC(
-      m->build_info_,
-      registry->AddGauge("samplerd_build_info", "Always 1; the labels describe the server.",
-                         {"version", "backend"}));
-  return m;
+  inflight_ = &BuildFamily(prometheus::BuildGauge(), "samplerd_inflight_requests",
+                           "Sampling requests and stream steps admitted and not yet "
+                           "answered (bounded by --max_inflight).",
+                           registry)
+                   .Add({});
+  build_info_ = &BuildFamily(prometheus::BuildGauge(), "samplerd_build_info",
+                             "Always 1; the labels describe the server.", registry);
 }
 
 void SamplerMetrics::SetBuildInfo(const BuildInfo& info) {
-  absl::StatusOr<Gauge*> gauge = build_info_->WithLabels({info.version, info.backend});
-  if (gauge.ok()) (*gauge)->Set(1);
+  build_info_->Add({{"version", info.version}, {"backend", info.backend}}).Set(1);
 }
 
 void SamplerMetrics::CountRequest(Method method, absl::StatusCode code) {
@@ -133,14 +122,13 @@ void SamplerMetrics::CountRequest(Method method, absl::StatusCode code) {
   int c = static_cast<int>(code);
   if (m < 0 || m >= kMethodCount) return;
   if (c < 0 || c >= kCodeCount) c = static_cast<int>(absl::StatusCode::kUnknown);
-  std::atomic<Counter*>& slot = request_cache_[m][c];
-  Counter* counter = slot.load(std::memory_order_acquire);
+  std::atomic<prometheus::Counter*>& slot = request_cache_[m][c];
+  prometheus::Counter* counter = slot.load(std::memory_order_acquire);
   if (counter == nullptr) {
     // First use of this pair: the family's lock, once (a racing thread gets the same child).
-    absl::StatusOr<Counter*> child = requests_->WithLabels(
-        {MethodName(method), absl::StatusCodeToString(static_cast<absl::StatusCode>(c))});
-    if (!child.ok()) return;
-    counter = *child;
+    counter =
+        &requests_->Add({{"method", MethodName(method)},
+                         {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(c))}});
     slot.store(counter, std::memory_order_release);
   }
   counter->Increment();
@@ -149,8 +137,8 @@ void SamplerMetrics::CountRequest(Method method, absl::StatusCode code) {
 void SamplerMetrics::CountSampled(Transport transport, int64_t rows, int64_t bytes) {
   const int t = static_cast<int>(transport);
   if (t < 0 || t >= kTransportCount) return;
-  if (rows > 0) rows_->Increment(static_cast<uint64_t>(rows));
-  if (bytes > 0) input_bytes_[t]->Increment(static_cast<uint64_t>(bytes));
+  if (rows > 0) rows_->Increment(static_cast<double>(rows));
+  if (bytes > 0) input_bytes_[t]->Increment(static_cast<double>(bytes));
 }
 
 void SamplerMetrics::ObserveQueueWait(absl::Duration queue) {
@@ -168,6 +156,11 @@ void SamplerMetrics::CountIpcOpen(IpcOpenKind kind, bool ok) {
 void SamplerMetrics::SetRegions(int64_t host_shm, int64_t gpu_ipc) {
   regions_host_shm_->Set(static_cast<double>(host_shm));
   regions_gpu_ipc_->Set(static_cast<double>(gpu_ipc));
+}
+
+std::vector<double> LatencyBucketsSeconds() {
+  return {25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
+          25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0,  2.5,    5.0,  10.0};
 }
 
 }  // namespace samplerd::metrics

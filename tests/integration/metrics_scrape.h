@@ -16,8 +16,9 @@ inline std::string ScrapeMetrics(int port) {
   return response.status == 200 ? response.body : std::string();
 }
 
-// The value of the sample line `series` (name plus labels exactly as exposed, e.g.
-// samplerd_requests_total{method="Sample",code="OK"}); -1 when the series is absent.
+// The value of the sample line `series` (name plus labels exactly as exposed: prometheus-cpp
+// sorts labels by name, e.g. samplerd_requests_total{code="OK",method="Sample"}); -1 when the
+// series is absent.
 inline double SeriesValue(const std::string& text, const std::string& series) {
   std::istringstream lines(text);
   std::string line;
@@ -30,11 +31,11 @@ inline double SeriesValue(const std::string& text, const std::string& series) {
   return -1;
 }
 
-// samplerd_requests_total{method="`method`",code="`code`"}, 0 when absent.
+// samplerd_requests_total{code="`code`",method="`method`"}, 0 when absent.
 inline double Requests(const std::string& text, const std::string& method,
                        const std::string& code) {
   const double value =
-      SeriesValue(text, "samplerd_requests_total{method=\"" + method + "\",code=\"" + code + "\"}");
+      SeriesValue(text, "samplerd_requests_total{code=\"" + code + "\",method=\"" + method + "\"}");
   return value < 0 ? 0 : value;
 }
 

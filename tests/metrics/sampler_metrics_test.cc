@@ -1,4 +1,10 @@
 // samplerd's metric set: names, labels and what each recording call moves.
+//
+// Expected texts are prometheus-cpp's exposition, which differs from the hand-written one it
+// replaced in ways a Prometheus server does not see: labels are sorted by name
+// ({code="OK",method="Sample"}), a histogram's _count and _sum come before its buckets, and a
+// family without any series (requests before the first answer, build info before it is set) is
+// left out instead of showing its HELP and TYPE lines alone.
 #include "service/metrics/sampler_metrics.h"
 
 #include <gmock/gmock.h>
@@ -6,6 +12,8 @@
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace samplerd::metrics {
 namespace {
@@ -27,7 +35,10 @@ class SamplerMetricsTest : public ::testing::Test {
   std::unique_ptr<SamplerMetrics> metrics_;
 };
 
-TEST_F(SamplerMetricsTest, EveryFamilyHasHelpAndType) {
+TEST_F(SamplerMetricsTest, EveryFamilyHasHelpAndTypeOnceItHasASeries) {
+  EXPECT_THAT(Text(), Not(HasSubstr("# TYPE samplerd_build_info ")));
+  metrics_->CountRequest(Method::kSample, absl::StatusCode::kOk);
+  metrics_->SetBuildInfo({"0.1.0", "cpu"});
   const std::string text = Text();
   for (const char* family :
        {"samplerd_requests_total counter", "samplerd_rows_sampled_total counter",
@@ -58,16 +69,16 @@ TEST_F(SamplerMetricsTest, RequestsAreCountedByMethodAndCodeName) {
   metrics_->CountRequest(Method::kSampleStream, absl::StatusCode::kResourceExhausted);
   metrics_->CountRequest(Method::kGetServerInfo, absl::StatusCode::kOk);
   const std::string text = Text();
-  EXPECT_THAT(text, HasSubstr("samplerd_requests_total{method=\"Sample\",code=\"OK\"} 2\n"));
-  EXPECT_THAT(text, HasSubstr("samplerd_requests_total{method=\"SampleStream\",code="
-                              "\"RESOURCE_EXHAUSTED\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("samplerd_requests_total{method=\"GetServerInfo\",code=\"OK\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_requests_total{code=\"OK\",method=\"Sample\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_requests_total{code=\"RESOURCE_EXHAUSTED\","
+                              "method=\"SampleStream\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_requests_total{code=\"OK\",method=\"GetServerInfo\"} 1\n"));
 }
 
 TEST_F(SamplerMetricsTest, CodesOutsideTheCanonicalRangeCountAsUnknown) {
   metrics_->CountRequest(Method::kListRegions, static_cast<absl::StatusCode>(99));
   EXPECT_THAT(Text(),
-              HasSubstr("samplerd_requests_total{method=\"ListRegions\",code=\"UNKNOWN\"} 1\n"));
+              HasSubstr("samplerd_requests_total{code=\"UNKNOWN\",method=\"ListRegions\"} 1\n"));
 }
 
 TEST_F(SamplerMetricsTest, SampledRowsAndBytesGoByTransport) {
@@ -107,7 +118,55 @@ TEST_F(SamplerMetricsTest, GaugesFollowRegionsInflightAndBuildInfo) {
   EXPECT_THAT(text, HasSubstr("samplerd_inflight_requests 1\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_ipc_opens_total{kind=\"memory\",result=\"ok\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_ipc_opens_total{kind=\"event\",result=\"error\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("samplerd_build_info{version=\"0.1.0\",backend=\"cpu\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_build_info{backend=\"cpu\",version=\"0.1.0\"} 1\n"));
+}
+
+// The `le` values as dashboards and alerts spell them (e.g. le="0.005"): the bucket layout, and
+// how it is printed, must not change under them.
+TEST_F(SamplerMetricsTest, LatencyBucketsAreExposedAsBefore) {
+  metrics_->ObserveBackend(absl::Milliseconds(3));
+  const std::string text = Text();
+  for (const char* le :
+       {"2.5e-05", "5e-05", "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01",
+        "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"}) {
+    const std::string bucket = std::string("samplerd_backend_seconds_bucket{le=\"") + le + "\"} ";
+    EXPECT_THAT(text, HasSubstr(bucket)) << le;
+  }
+}
+
+TEST_F(SamplerMetricsTest, ConcurrentRecordingIsAllCountedWhileScraped) {
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 20000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this] {
+      for (int i = 0; i < kPerThread; ++i) {
+        metrics_->AddInflight(1);
+        metrics_->ObserveTotal(absl::Milliseconds(i % 2 == 0 ? 3 : 30));
+        metrics_->CountSampled(Transport::kInline, 1, 8);
+        metrics_->CountRequest(Method::kSample, absl::StatusCode::kOk);
+        metrics_->AddInflight(-1);
+        if (i % 1024 == 0) Text();  // scrapes while writers write
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const std::string n = std::to_string(kThreads * kPerThread);
+  const std::string half = std::to_string(kThreads * kPerThread / 2);
+  const std::string text = Text();
+  EXPECT_THAT(text, HasSubstr("samplerd_requests_total{code=\"OK\",method=\"Sample\"} " + n));
+  EXPECT_THAT(text, HasSubstr("samplerd_rows_sampled_total " + n + "\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_request_duration_seconds_bucket{le=\"0.005\"} " + half));
+  EXPECT_THAT(text, HasSubstr("samplerd_request_duration_seconds_count " + n + "\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_inflight_requests 0\n"));
+}
+
+TEST(LatencyBuckets, AreStrictlyIncreasingFrom25MicrosecondsTo10Seconds) {
+  const std::vector<double> bounds = LatencyBucketsSeconds();
+  ASSERT_EQ(bounds.size(), 18u);
+  EXPECT_DOUBLE_EQ(bounds.front(), 25e-6);
+  EXPECT_DOUBLE_EQ(bounds.back(), 10.0);
+  for (size_t i = 1; i < bounds.size(); ++i) EXPECT_LT(bounds[i - 1], bounds[i]) << i;
 }
 
 TEST(SamplerMetrics, CannotBeRegisteredTwiceInOneRegistry) {
