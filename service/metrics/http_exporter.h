@@ -2,8 +2,8 @@
 // Exposer (Debian's libprometheus-cpp-pull, on civetweb), started with samplerd's checks, its
 // errors as statuses and a fast stop.
 //
-// The exposer serves no files (no document_root): /metrics answers, every other path is 404. No
-// TLS: scrapes stay inside the pod network (see --metrics_address).
+// The exposer serves no files (no document_root): GET /metrics answers, every other path or
+// method is 404. No TLS: scrapes stay inside the pod network (see --metrics_address).
 #ifndef SAMPLERD_SERVICE_METRICS_HTTP_EXPORTER_H_
 #define SAMPLERD_SERVICE_METRICS_HTTP_EXPORTER_H_
 
@@ -19,10 +19,11 @@ namespace samplerd::metrics {
 class HttpExporter {
  public:
   // Listens on `address`:`port` ("0.0.0.0", "127.0.0.1"; port 0 picks a free one) with two
-  // worker threads and answers GET /metrics with what registry->ExpositionText() would return
-  // (gzip-compressed when the client accepts it). `registry` must outlive the exporter.
-  // Errors: INVALID_ARGUMENT for a port outside [0, 65535] or an address with characters civetweb
-  // would misread, UNAVAILABLE when the port cannot be bound (with civetweb's reason).
+  // worker threads and answers GET /metrics with the exposer's own exposer_* series followed by
+  // registry->ExpositionText() (gzip-compressed when the client accepts it). `registry` must
+  // outlive the exporter. Errors: INVALID_ARGUMENT for a port outside [0, 65535] or an address
+  // with characters civetweb would misread, UNAVAILABLE when the port cannot be bound (with
+  // civetweb's reason).
   static absl::StatusOr<std::unique_ptr<HttpExporter>> Start(const std::string& address, int port,
                                                              const Registry* registry);
 
