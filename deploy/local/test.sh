@@ -16,7 +16,7 @@ cd "${SAMPLERD_ROOT}" || exit 1
 # To add one (GPU compile checks, Python and Go client tests, ...): write step_NAME, add NAME
 # here, and list what it needs in install_deps.sh.
 readonly ALL_STEPS=(deps build ctest buf-lint format shell-lint e2e python-client go-client
-  gpu_compile_checks cpp-install deploy)
+  gpu_compile_checks cpp-install deploy asan tsan)
 
 step_deps() { deploy/local/install_deps.sh && echo "dependencies: all present"; }
 
@@ -195,6 +195,38 @@ step_cpp-install() {
 step_deploy() {
   needs_build || return
   SAMPLERD_BIN="${SAMPLERD_BIN}" tests/deploy/check.sh
+}
+
+# AddressSanitizer + UBSan (preset asan: build/asan, Debug, no benchmarks): every ctest test, the
+# integration tests included, which then run the ASan server. Any finding fails the step: ASan
+# and UBSan stop at their first report (a test, or the server its test checks the exit code
+# of), and LeakSanitizer reports leaks at exit. No suppressions are needed; add one only with a
+# comment saying why.
+step_asan() {
+  sanitizer_build asan || return
+  ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:strict_init_order=1" \
+    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    ctest --test-dir build/asan --output-on-failure --no-tests=error -j2
+}
+
+# ThreadSanitizer (preset tsan: build/tsan): the threaded parts of the core, the executor, the
+# thread pool, the region registry and the drain's cancel (only samplerd_core_test is built). A
+# report fails the step (halt_on_error). SampleStream's reactor is not run here: Debian's gRPC is
+# not built with TSan, so its own locking is invisible and every call reads as racy.
+step_tsan() {
+  local tests='^(Executor|ThreadPool|HostRegions|GpuRegions|GpuRegionsWithoutIpc'
+  tests+='|SamplerCoreCancel)\.'
+  sanitizer_build tsan samplerd_core_test || return
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+    ctest --test-dir build/tsan --output-on-failure --no-tests=error -j2 -R "${tests}"
+}
+
+# sanitizer_build PRESET [TARGET...]: configures and builds build/PRESET (all targets when none
+# are named) with the shared build helper.
+sanitizer_build() {
+  local preset="$1"
+  shift
+  SAMPLERD_PRESET="${preset}" SAMPLERD_BUILD="${SAMPLERD_ROOT}/build/${preset}" samplerd::build "$@"
 }
 
 # The step runner (lib.sh) calls this when a step fails; non-zero stops the run.

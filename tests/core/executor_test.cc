@@ -5,7 +5,7 @@
 #include <mutex>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
+#include "tests/core/notification.h"
 
 namespace samplerd::core {
 namespace {
@@ -28,8 +28,8 @@ TEST(Executor, RunsTasksInSubmissionOrder) {
 
 TEST(Executor, SubmitDoesNotWaitForRunningTasks) {
   Executor executor;
-  absl::Notification release;
-  absl::Notification started;
+  TestNotification release;
+  TestNotification started;
   executor.Submit([&] {
     started.Notify();
     release.WaitForNotification();
@@ -39,7 +39,7 @@ TEST(Executor, SubmitDoesNotWaitForRunningTasks) {
   executor.Submit([&] { second_ran = true; });  // returns although the first task blocks
   EXPECT_EQ(executor.pending(), 2u);
   release.Notify();
-  absl::Notification done;
+  TestNotification done;
   executor.Submit([&] { done.Notify(); });
   done.WaitForNotification();
   EXPECT_TRUE(second_ran);
