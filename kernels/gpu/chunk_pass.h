@@ -32,40 +32,6 @@ struct ChunkPassParams {
   MassWorkspace mass;        // the top-p rows' histograms (mass_plan.h)
 };
 
-// Loads the 4 consecutive elements at `j` (4-aligned) of a row: one vector load when the
-// address allows, else element by element; past `end` reads -inf.
-template <DType kDType>
-__device__ __forceinline__ void LoadGroup(const void* row, int64_t j, int64_t end, float* out) {
-  if (j + 3 < end) {
-    if constexpr (kDType == DType::kFp32) {
-      const float* p = static_cast<const float*>(row) + j;
-      if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        out[0] = v.x;
-        out[1] = v.y;
-        out[2] = v.z;
-        out[3] = v.w;
-        return;
-      }
-    } else {
-      const uint16_t* p = static_cast<const uint16_t*>(row) + j;
-      if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
-        const uint2 v = *reinterpret_cast<const uint2*>(p);
-        const uint16_t h[4] = {static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16),
-                               static_cast<uint16_t>(v.y), static_cast<uint16_t>(v.y >> 16)};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          out[e] = kDType == DType::kBf16 ? __uint_as_float(static_cast<uint32_t>(h[e]) << 16)
-                                          : HalfToFloat(h[e]);
-        }
-        return;
-      }
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) out[e] = j + e < end ? LoadLogit<kDType>(row, j + e) : -kInfF;
-}
-
 // Item i of this thread: groups of 4 consecutive tokens, group g at (g * threads + tid) * 4, so
 // each wave reads contiguous memory and one Philox block serves a group.
 __device__ __forceinline__ int64_t ItemIndex(int64_t begin, int i) {
@@ -74,7 +40,9 @@ __device__ __forceinline__ int64_t ItemIndex(int64_t begin, int i) {
 
 // Pass 1 is budgeted at ~10-20 instructions per token: at 4.4 TB/s the SMs issue ~30 per
 // fp32 token, and v2 (70+) was compute-bound at 4x the floor (NOTES.md).
-template <DType kDType>
+// kProcs: the launch has logits processors. Launches without them run a copy with none of their
+// code (it cost up to 29% at B = 1 as a runtime branch: NOTES.md v9).
+template <DType kDType, bool kProcs>
 __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassParams p) {
   using Reduce = BlockReduce<kChunkThreads>;
   __shared__ typename Reduce::Storage reduce;
@@ -97,6 +65,13 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   for (int g = 0; g < kItemsPerThread / 4; ++g) {
     LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
   }
+  // The logits processors, once every load is in flight (row_processors.h).
+  if constexpr (kProcs) {
+#pragma unroll
+    for (int g = 0; g < kItemsPerThread / 4; ++g) {
+      p.rows.procs.ApplyGroup(row, ItemIndex(begin, g * 4), end, &x[g * 4]);
+    }
+  }
   // The row's parameters are read after the chunk's loads are issued, so that their latency
   // overlaps (ncu v5: blocks stalled on this load before their first logits load).
   const RowParams params = p.rows.Params(row);
@@ -109,7 +84,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
       const int64_t group = ItemIndex(begin, g * 4);
-      LoadGroup<kDType>(row_ptr, group, end, v);
+      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, group, end, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) f(group + e, v[e]);
     }
@@ -184,7 +159,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 #pragma unroll 1
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
-      LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, v);
+      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, ItemIndex(begin, g * 4), end, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float z = temper(v[e]);

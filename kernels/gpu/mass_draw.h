@@ -122,10 +122,11 @@ struct MassDrawShared {
 // as a loop that is not unrolled. At small batches a kernel's time is mostly instruction fetch
 // from a cold cache (ncu: 64% of pass 1's stall samples at B = 1 were "no instruction"), so
 // compact code matters more there than unrolled arithmetic (NOTES.md v8).
-template <DType kDType, int kThreads>
+template <DType kDType, int kThreads, bool kProcs>
 __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, const void* row_ptr,
-                              int64_t vocab, const ChunkStats* row_stats, int64_t row, int chunk,
-                              int chunks, const RowParams& params, MassDrawShared& sh,
+                              const RowProcessors& procs, int64_t vocab,
+                              const ChunkStats* row_stats, int64_t row, int chunk, int chunks,
+                              const RowParams& params, MassDrawShared& sh,
                               typename BlockReduce<kThreads>::Storage& reduce, int32_t* token_ids,
                               RowStatus* status) {
   constexpr int kGroups = kChunk / 4 / kThreads;  // groups of 4 tokens per thread
@@ -140,6 +141,10 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
 #pragma unroll
     for (int g = 0; g < kGroups; ++g)
       LoadGroup<kDType>(row_ptr, begin + local_at(g), end, &v[g * 4]);
+    if (kProcs && procs.active()) {  // the logits processors, once every load is in flight
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) procs.ApplyGroup(row, begin + local_at(g), end, &v[g * 4]);
+    }
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       *reinterpret_cast<float4*>(&sh.chunk[local_at(g)]) =
@@ -264,7 +269,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
 
 // Launch: grid (chunks, batch), kMassDrawThreads threads, after RowFinishKernel made the plans.
 // Blocks of rows that are not on a two-pass plan leave at once.
-template <DType kDType>
+template <DType kDType, bool kProcs>
 __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawParams p) {
   __shared__ MassDrawShared sh;
   __shared__ typename BlockReduce<kMassDrawThreads>::Storage reduce;
@@ -275,8 +280,8 @@ __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawPa
   const MassPlan plan = p.mass.plan[row];
   if (plan.path != MassPath::kTwoPass) return;
   const void* row_ptr = p.rows.Row<kDType>(row);
-  MassDrawChunk<kDType, kMassDrawThreads>(
-      p.mass, plan, row_ptr, p.rows.vocab, p.stats + row * p.rows.chunks, row,
+  MassDrawChunk<kDType, kMassDrawThreads, kProcs>(
+      p.mass, plan, row_ptr, p.rows.procs, p.rows.vocab, p.stats + row * p.rows.chunks, row,
       static_cast<int>(blockIdx.x), p.rows.chunks, params, sh, reduce, p.token_ids, p.status);
 }
 

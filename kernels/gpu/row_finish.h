@@ -37,12 +37,15 @@ struct RowFinishParams {
   MassWorkspace mass;  // the top-p rows' plans and pass-2 state (mass_plan.h)
 };
 
-// The items of a row: every token with z = x / temperature > -inf (NaN never reaches here).
+// The items of a row: every token with z = x / temperature > -inf (NaN never reaches here),
+// x processed by `procs` (row_processors.h), or raw when it has none (the default).
 template <DType kDType>
 struct RowSource {
   const void* row;
   int64_t vocab;
   float temperature;  // 1 gives the raw logits exactly
+  RowProcessors procs{};
+  int64_t row_index = 0;  // the row's index in the batch, for `procs`
   // Loads kUnroll elements per thread before using any, so a block keeps enough reads in
   // flight (one dependent load at a time ran at ~2 GB/s per row; see NOTES.md v2).
   static constexpr int kUnroll = 16;
@@ -55,6 +58,13 @@ struct RowSource {
         const int64_t j = base + u * kFinishThreads + threadIdx.x;
         v[u] = j < vocab ? LoadLogit<kDType>(row, j) : -kInfF;
       }
+      if (procs.active()) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t j = base + u * kFinishThreads + threadIdx.x;
+          if (j < vocab) v[u] = procs.Apply(row_index, j, v[u]);
+        }
+      }
       // z = x exactly when T = 1 (the common case): skip the IEEE divide, which dominated the
       // profile of these loops (FCHK / MUFU.RCP, NOTES.md v4).
       const bool unit = temperature == 1.0f;
@@ -66,7 +76,8 @@ struct RowSource {
     }
   }
   __device__ float Z(int64_t j) const {
-    const float x = LoadLogit<kDType>(row, j);
+    float x = LoadLogit<kDType>(row, j);
+    if (procs.active()) x = procs.Apply(row_index, j, x);
     return temperature == 1.0f ? x : x / temperature;
   }
 };

@@ -15,6 +15,7 @@ namespace samplerd::kernels::gpu {
 struct LogprobView {
   bool point_mass = false;   // only `token`, logprob 0
   float temperature = 1.0f;  // eligible: z = x / temperature > -inf and key(z) >= lo
+  bool processed = false;    // x after the logits processors (else raw)
   uint32_t lo = 0;
   bool constant = false;  // every eligible token has logprob `value_constant`
   double value_constant = 0.0;
@@ -28,7 +29,8 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
                               const Source& source, const LogprobView& view, int64_t token,
                               FinishShared& sh) {
   using Reduce = BlockReduce<kFinishThreads>;
-  const RowSource<kDType> row_source{row_ptr, p.rows.vocab, view.temperature};
+  const RowSource<kDType> row_source{row_ptr, p.rows.vocab, view.temperature,
+                                     view.processed ? p.rows.procs : RowProcessors{}, row};
   auto eligible = [&](int64_t j) {
     if (view.point_mass) return j == token;
     const float z = row_source.Z(j);

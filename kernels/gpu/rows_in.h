@@ -1,12 +1,15 @@
-// RowsIn: the rows every sampling pass reads (logits, per-row parameters, the chunk count and
-// the device sessions' batch word), shared by the passes' parameter structs.
+// RowsIn: the rows every sampling pass reads (logits, per-row parameters, the chunk count, the
+// device sessions' batch word and the logits processors), shared by the passes' parameter
+// structs.
 #ifndef SAMPLERD_KERNELS_GPU_ROWS_IN_H_
 #define SAMPLERD_KERNELS_GPU_ROWS_IN_H_
 
 #include <cstdint>
 
 #include "kernels/common/sampling_types.h"
+#include "kernels/gpu/device_common.h"
 #include "kernels/gpu/platform.h"
+#include "kernels/gpu/row_processors.h"
 
 namespace samplerd::kernels::gpu {
 
@@ -18,6 +21,7 @@ struct RowsIn {
   int64_t params_count;
   int chunks;                    // per row (chunk_stats.h)
   const uint32_t* device_batch;  // null, or rows >= *device_batch exit (SampleArgs)
+  RowProcessors procs;           // the logits processors (row_processors.h), or none
 
   // Device sessions launch for max_batch rows; a block of a row past the step's batch leaves at
   // once (a uniform branch, before any barrier).
@@ -31,6 +35,15 @@ struct RowsIn {
   __device__ const void* Row(int64_t row) const {
     constexpr size_t kElem = kDType == DType::kFp32 ? 4 : 2;
     return static_cast<const char*>(logits) + row * row_stride * kElem;
+  }
+  // The 4 processed logits at j (4-aligned) of `row`, whose data is at `row_ptr`; -inf past
+  // `end`. Every pass that reads the row in groups loads through here; kProcs false compiles
+  // the processors out (a launch without them).
+  template <DType kDType, bool kProcs>
+  __device__ __forceinline__ void LoadGroup(int64_t row, const void* row_ptr, int64_t j,
+                                            int64_t end, float* out) const {
+    gpu::LoadGroup<kDType>(row_ptr, j, end, out);
+    if (kProcs && procs.active()) procs.ApplyGroup(row, j, end, out);
   }
 };
 

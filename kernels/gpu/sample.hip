@@ -1,6 +1,8 @@
 // GPU sampling: RowFinishKernel (filters, draw, logprobs) and the host launcher Sample.
 //
-// Two or three launches per batch on the caller's stream:
+// Two to four launches per batch on the caller's stream:
+//   0. MarkAdjustsKernel (here), only with sparse logits processors: marks their tokens
+//      (row_processors.h; every pass applies the processors as it loads a logit).
 //   1. ChunkPassKernel (chunk_pass.h): reads every row once in fixed 8192-token chunks.
 //   2. RowFinishKernel (here): one block per row; combines the chunks in a fixed order, resolves
 //      min-p / top-k / top-p exactly on order-preserving keys (select.h) and draws with the
@@ -15,6 +17,7 @@
 #include "kernels/gpu/platform.h"
 #include "kernels/gpu/row_finish.h"
 #include "kernels/gpu/row_logprobs.h"
+#include "kernels/gpu/row_processors.h"
 #include "kernels/gpu/sample.h"
 #include "kernels/gpu/select.h"
 
@@ -165,6 +168,31 @@ __device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
   return best.index;
 }
 
+// The raw logits' statistics of a row with logits processors (pass 1 saw the processed ones):
+// max_x, sum_exp_x, pos_inf_x and not_neg_inf_x, from two passes over the row (NaN rows never
+// get here). Costs a re-read of the row, for raw logprobs and the no-allowed status only.
+template <DType kDType>
+__device__ RowSummary RawRowSummary(const RowSource<kDType>& raw, FinishShared& sh) {
+  using Reduce = BlockReduce<kFinishThreads>;
+  float max_x = -kInfF;
+  uint64_t pos_inf = 0, not_neg_inf = 0;
+  raw.ForEach([&](uint32_t, int64_t, float x) {
+    max_x = fmaxf(max_x, x);
+    pos_inf += x == kInfF;
+    ++not_neg_inf;
+  });
+  RowSummary r{};
+  r.max_x = Reduce::Max(sh.reduce, max_x);
+  r.pos_inf_x = static_cast<uint32_t>(Reduce::SumU64(sh.reduce, pos_inf));
+  r.not_neg_inf_x = static_cast<uint32_t>(Reduce::SumU64(sh.reduce, not_neg_inf));
+  float sum = 0.0f;
+  if (r.max_x > -kInfF && r.max_x < kInfF) {
+    raw.ForEach([&](uint32_t, int64_t, float x) { sum += expf(x - r.max_x); });
+  }
+  r.sum_exp_x = Reduce::Sum(sh.reduce, sum);
+  return r;
+}
+
 // Pass 2: one block per row. A mass row gets its plan here; on the two-pass plan it is left to
 // MassDrawKernel (mass_draw.h), else it is finished here like every other row.
 template <DType kDType>
@@ -194,11 +222,15 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   const RowSummary summary = sh.summary;
   const void* row_ptr = p.rows.Row<kDType>(row);
 
+  const RowSource<kDType> raw_source{row_ptr, p.rows.vocab, 1.0f};
   RowStatus status = RowStatus::kOk;
   if (summary.nan_count > 0) {
     status = RowStatus::kNan;
   } else if (summary.not_neg_inf_x == 0) {
-    status = RowStatus::kNoFinite;
+    // Nothing above -inf after the processors: was there anything before them?
+    status = p.rows.procs.active() && RawRowSummary(raw_source, sh).not_neg_inf_x > 0
+                 ? RowStatus::kNoAllowed
+                 : RowStatus::kNoFinite;
   }
   if (status != RowStatus::kOk) {
     if (threadIdx.x == 0) {
@@ -216,7 +248,7 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     return;
   }
 
-  const RowSource<kDType> z_source{row_ptr, p.rows.vocab, params.temperature};
+  const RowSource<kDType> z_source{row_ptr, p.rows.vocab, params.temperature, p.rows.procs, row};
   const CandidateSource candidates{p.candidate_key + row * p.rows.chunks * kCandidateCap,
                                    p.candidate_index + row * p.rows.chunks * kCandidateCap, stats,
                                    p.rows.chunks};
@@ -253,21 +285,23 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   LogprobView view;
   if (p.logprob_source == LogprobSource::kRaw) {
     view.temperature = 1.0f;
-    if (summary.pos_inf_x > 0) {
+    // Pass 1's x statistics are of the processed logits when there are processors.
+    const RowSummary raw = p.rows.procs.active() ? RawRowSummary(raw_source, sh) : summary;
+    if (raw.pos_inf_x > 0) {
       view.lo = OrderedKey(kInfF);
       view.constant = true;
-      view.value_constant = -log(static_cast<double>(summary.pos_inf_x));
-      view.eligible = summary.pos_inf_x;
+      view.value_constant = -log(static_cast<double>(raw.pos_inf_x));
+      view.eligible = raw.pos_inf_x;
     } else {
-      view.row_max = summary.max_x;
-      view.log_sum = log(static_cast<double>(summary.sum_exp_x));
-      view.eligible = summary.not_neg_inf_x;
+      view.row_max = raw.max_x;
+      view.log_sum = log(static_cast<double>(raw.sum_exp_x));
+      view.eligible = raw.not_neg_inf_x;
     }
-    const RowSource<kDType> x_source{row_ptr, p.rows.vocab, 1.0f};
-    WriteLogprobs<kDType>(p, row, row_ptr, x_source, view, token, sh);
+    WriteLogprobs<kDType>(p, row, row_ptr, raw_source, view, token, sh);
     return;
   }
   view.temperature = params.temperature;
+  view.processed = true;
   switch (kind) {
     case DrawKind::kPointMass:
       view.point_mass = true;
@@ -293,16 +327,37 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   }
 }
 
+// Sets `marked` and `first` (row_processors.h) from the adjust lists: grid (batch),
+// kMarkThreads threads; a block clears its row's marks, sets one bit per entry, and has the first
+// entry of each marked word store its index.
+constexpr int kMarkThreads = 256;
+
+__global__ void __launch_bounds__(kMarkThreads) MarkAdjustsKernel(RowProcessors p) {
+  const int64_t row = blockIdx.x;
+  uint32_t* marked = p.marked + row * p.words;
+  uint32_t* first = p.first + row * p.words;
+  for (int64_t w = threadIdx.x; w < p.words; w += kMarkThreads) marked[w] = 0u;
+  __syncthreads();  // the block's clears are visible to its own atomics after the barrier
+  const uint32_t begin = p.offsets[row], end = p.offsets[row + 1];
+  for (uint32_t i = begin + threadIdx.x; i < end; i += kMarkThreads) {
+    const int32_t t = p.adjusts[i].token;
+    atomicOr(&marked[t >> 5], 1u << (t & 31));
+    if (i == begin || (p.adjusts[i - 1].token >> 5) != (t >> 5)) first[t >> 5] = i;
+  }
+}
+
 constexpr size_t kAlign = 256;
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 int ChunksPerRow(int64_t vocab) { return static_cast<int>((vocab + kChunk - 1) / kChunk); }
 
+size_t BitmaskWords(int64_t vocab) { return static_cast<size_t>((vocab + 31) / 32); }
+
 // The workspace, in this order: chunk stats, candidate keys and indices, then the mass path's
 // arrays (MassWorkspace).
 struct WorkspaceLayout {
   size_t stats, candidate_key, candidate_index, hist_count, hist_hi, hist_lo, chunk_scale,
-      chunk_best, plan, counters, boundary_key, boundary_index, total;
+      chunk_best, plan, counters, boundary_key, boundary_index, marked, first, total;
 
   WorkspaceLayout(int64_t batch, int64_t vocab) {
     const size_t rows = static_cast<size_t>(batch);
@@ -325,6 +380,8 @@ struct WorkspaceLayout {
     counters = take(2 * rows * sizeof(uint32_t));
     boundary_key = take(rows * kSortCap * sizeof(uint32_t));
     boundary_index = take(rows * kSortCap * sizeof(int32_t));
+    marked = take(rows * BitmaskWords(vocab) * sizeof(uint32_t));  // RowProcessors::marked
+    first = take(rows * BitmaskWords(vocab) * sizeof(uint32_t));   // RowProcessors::first
     total = at;
   }
 };
@@ -333,9 +390,21 @@ template <DType kDType>
 int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinishParams& finish,
            const MassDrawParams& draw, hipStream_t stream) {
   const dim3 grid(static_cast<unsigned>(chunk.rows.chunks), static_cast<unsigned>(args.batch));
-  ChunkPassKernel<kDType><<<grid, kChunkThreads, 0, stream>>>(chunk);
+  if (chunk.rows.procs.marked != nullptr) {
+    MarkAdjustsKernel<<<static_cast<unsigned>(args.batch), kMarkThreads, 0, stream>>>(
+        chunk.rows.procs);
+  }
+  if (chunk.rows.procs.active()) {
+    ChunkPassKernel<kDType, true><<<grid, kChunkThreads, 0, stream>>>(chunk);
+  } else {
+    ChunkPassKernel<kDType, false><<<grid, kChunkThreads, 0, stream>>>(chunk);
+  }
   RowFinishKernel<kDType><<<static_cast<unsigned>(args.batch), kFinishThreads, 0, stream>>>(finish);
-  if (draw.mass.enabled) MassDrawKernel<kDType><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+  if (draw.mass.enabled && chunk.rows.procs.active()) {
+    MassDrawKernel<kDType, true><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+  } else if (draw.mass.enabled) {
+    MassDrawKernel<kDType, false><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+  }
   return static_cast<int>(hipGetLastError());
 }
 
@@ -357,7 +426,10 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
       ChunksPerRow(args.vocab) > kMaxStagedChunks || args.row_stride < args.vocab ||
       args.top_logprobs > kMaxGpuTopLogprobs ||
       (args.params_count != 1 && args.params_count != args.batch) ||
-      workspace_bytes < SampleWorkspaceBytes(args.batch, args.vocab, args.top_logprobs)) {
+      workspace_bytes < SampleWorkspaceBytes(args.batch, args.vocab, args.top_logprobs) ||
+      (args.allowed_bitmask != nullptr &&
+       args.bitmask_words != static_cast<int64_t>(BitmaskWords(args.vocab))) ||
+      ((args.adjusts == nullptr) != (args.adjust_offsets == nullptr))) {
     return static_cast<int>(hipErrorInvalidValue);
   }
   const int chunks = ChunksPerRow(args.vocab);
@@ -381,10 +453,22 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
   mass.boundary_key = reinterpret_cast<uint32_t*>(ws + layout.boundary_key);
   mass.boundary_index = reinterpret_cast<int32_t*>(ws + layout.boundary_index);
 
+  RowProcessors procs{};
+  procs.allowed = args.allowed_bitmask;
+  procs.words = static_cast<int64_t>(BitmaskWords(args.vocab));
+  if (args.adjusts != nullptr) {
+    procs.marked = reinterpret_cast<uint32_t*>(ws + layout.marked);
+    procs.first = reinterpret_cast<uint32_t*>(ws + layout.first);
+    procs.adjusts = args.adjusts;
+    procs.offsets = args.adjust_offsets;
+  }
   const bool raw = args.top_logprobs >= 0 && args.logprob_source == LogprobSource::kRaw;
-  const RowsIn rows{args.logits,       args.vocab, args.row_stride,  args.params,
-                    args.params_count, chunks,     args.device_batch};
-  const ChunkPassParams chunk{rows, raw, stats, candidate_key, candidate_index, mass};
+  const RowsIn rows{args.logits,       args.vocab, args.row_stride,   args.params,
+                    args.params_count, chunks,     args.device_batch, procs};
+  // With processors, pass 1's x statistics are of the processed logits: the finish computes the
+  // raw ones it needs (RawRowSummary).
+  const ChunkPassParams chunk{rows,          raw && !procs.active(), stats,
+                              candidate_key, candidate_index,        mass};
   const RowFinishParams finish{rows,
                                stats,
                                candidate_key,

@@ -134,6 +134,7 @@ static SampleArgs ArgsFor(const Batch& b) {
   a.params_count = static_cast<int64_t>(b.params.size());
   a.top_logprobs = b.top_logprobs;
   a.logprob_source = b.source;
+  if (!b.bitmask.empty()) a.bitmask_words = (b.vocab + 31) / 32;
   return a;
 }
 
@@ -143,6 +144,11 @@ Outputs RunCpu(const Batch& b) {
   SampleArgs a = ArgsFor(b);
   a.logits = b.bytes.data();
   a.params = b.params.data();
+  if (!b.bitmask.empty()) a.allowed_bitmask = b.bitmask.data();
+  if (!b.adjusts.empty()) {
+    a.adjust_offsets = b.adjust_offsets.data();
+    a.adjusts = b.adjusts.data();
+  }
   a.token_ids = o.tokens.data();
   a.status = o.status.data();
   if (b.top_logprobs >= 0) {
@@ -168,10 +174,22 @@ Outputs RunGpu(const Batch& b) {
         top_values(o.top_values.size() * 4);
     const size_t ws_bytes = gpu::SampleWorkspaceBytes(b.batch, b.vocab, b.top_logprobs);
     DeviceBuffer ws(ws_bytes);
+    DeviceBuffer bitmask(b.bitmask.size() * 4), offsets(b.adjust_offsets.size() * 4),
+        adjusts(b.adjusts.size() * sizeof(TokenAdjust));
     Upload(b.bytes, logits, stream);
     Upload(b.params, params, stream);
     a.logits = logits.ptr;
     a.params = static_cast<const RowParams*>(params.ptr);
+    if (!b.bitmask.empty()) {
+      Upload(b.bitmask, bitmask, stream);
+      a.allowed_bitmask = static_cast<const uint32_t*>(bitmask.ptr);
+    }
+    if (!b.adjusts.empty()) {
+      Upload(b.adjust_offsets, offsets, stream);
+      Upload(b.adjusts, adjusts, stream);
+      a.adjust_offsets = static_cast<const uint32_t*>(offsets.ptr);
+      a.adjusts = static_cast<const TokenAdjust*>(adjusts.ptr);
+    }
     a.token_ids = static_cast<int32_t*>(tokens.ptr);
     a.status = static_cast<RowStatus*>(status.ptr);
     a.sampled_logprob = static_cast<float*>(lp.ptr);

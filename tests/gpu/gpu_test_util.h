@@ -23,6 +23,11 @@ struct Batch {
   std::vector<RowParams> params;  // 1 or batch entries
   int32_t top_logprobs = -1;
   LogprobSource source = LogprobSource::kRaw;
+  // Logits processors (SampleArgs), empty when none: [batch, ceil(vocab / 32)] bitmask words,
+  // and the adjusts with their batch + 1 row offsets.
+  std::vector<uint32_t> bitmask;
+  std::vector<uint32_t> adjust_offsets;
+  std::vector<TokenAdjust> adjusts;
 };
 
 // Outputs of one run, host memory.

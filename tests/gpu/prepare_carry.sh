@@ -7,8 +7,9 @@
 # Then, on the GPU machine, from the repository root with .carry/gpu_run carried along:
 #   cd .carry/gpu_run && bash run_on_gpu.sh [--bench-args "--quick"] [--no-bench]
 #
-# The folder holds run_on_gpu.sh, bench_kernels.py, ipc_producer.py, python_client_cuda.py,
-# device_session_cuda.py, decode_loop.py, py/ (the Python client package with the stubs of proto/samplerd/v1/sampler.proto, generated here with protoc and grpc_python_plugin: the GPU
+# The folder holds run_on_gpu.sh, bench_kernels.py, bench_processors.py, ipc_producer.py,
+# python_client_cuda.py, device_session_cuda.py, decode_loop.py, py/ (the Python client package
+# with the stubs of proto/samplerd/v1/*.proto, generated here with protoc and grpc_python_plugin: the GPU
 # machine has grpcio and protobuf but no generator), README.md, MANIFEST.txt and payload.tar.xz
 # (the stripped binaries, libsamplerd_capi.so and lib/ with the Debian shared libraries of the
 # gRPC binaries), which run_on_gpu.sh unpacks.
@@ -36,7 +37,8 @@ fi
 grep -q '^SAMPLERD_GPU:STRING=cuda$' "$BUILD/CMakeCache.txt" ||
   die "$BUILD is not configured with -DSAMPLERD_GPU=cuda"
 
-TARGETS=(samplerd samplerd_gpu_sampler_test samplerd_gpu_statistics_test samplerd_server_gpu_test
+TARGETS=(samplerd samplerd_gpu_sampler_test samplerd_gpu_statistics_test samplerd_gpu_processors_test
+         samplerd_server_gpu_test
          samplerd_capi samplerd_example_sample_random samplerd_gpu_ipc_runtime_test
          samplerd_ipc_producer_raw samplerd_bench_transports)
 # Targets carried when the tree has them (run_on_gpu.sh reports a missing one as a failed step).
@@ -59,6 +61,7 @@ declare -A BUILT=(
   [samplerd]="$BUILD/service/samplerd"
   [samplerd_gpu_sampler_test]="$BUILD/tests/gpu/samplerd_gpu_sampler_test"
   [samplerd_gpu_statistics_test]="$BUILD/tests/gpu/samplerd_gpu_statistics_test"
+  [samplerd_gpu_processors_test]="$BUILD/tests/gpu/samplerd_gpu_processors_test"
   [samplerd_server_gpu_test]="$BUILD/tests/gpu/samplerd_server_gpu_test"
   [samplerd_example_sample_random]="$BUILD/client/cpp/samplerd_example_sample_random"
   [libsamplerd_capi.so]="$BUILD/tests/bench/gpu/libsamplerd_capi.so"
@@ -85,7 +88,7 @@ for name in "${!BUILT[@]}"; do
   [[ -f "${BUILT[$name]}" ]] || die "missing ${BUILT[$name]}"
   cp "${BUILT[$name]}" "$STAGE/$name"
 done
-cp tests/bench/gpu/bench_kernels.py tests/gpu/run_on_gpu.sh tests/gpu/README.md \
+cp tests/bench/gpu/bench_kernels.py tests/bench/gpu/bench_processors.py tests/gpu/run_on_gpu.sh tests/gpu/README.md \
   tests/gpu/ipc_producer.py tests/gpu/python_client_cuda.py tests/gpu/device_session_cuda.py \
   tests/bench/engine/decode_loop.py "$CARRY/"
 chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py" "$CARRY/ipc_producer.py" \

@@ -14,6 +14,7 @@
 #                         MPS; `quit` at exit. GPU settings (compute mode etc.) are never changed
 #   gpu_sampler_test      GPU kernels vs the CPU reference (a skipped test counts as a failure)
 #   gpu_statistics_test   the statistical suite on the GPU
+#   gpu_processors_test   the logits processors (bitmask, bias, penalties) vs the CPU reference
 #   gpu_ipc_runtime_test  GpuIpc over the runtime in one process (refusals, MemoryRange)
 #   session_kernels       samplerd_session_gpu_test: the GPU plane's runner (device sessions)
 #   servers_start         samplerd --backend=gpu and samplerd --backend=cpu on unix sockets
@@ -58,8 +59,8 @@ usage: run_on_gpu.sh [--no-bench] [--bench-args "ARGS"] [--transport-args "ARGS"
   --session-args "ARGS" more arguments for device_session_cuda.py, e.g. "--quick" or
                        "--planes gpu --checks eager,graph"
   --mps                start a private CUDA MPS control daemon first (every step runs under it)
-  --only STEPS         comma-separated groups to run: sampler,statistics,server,example,ipc,
-                       session_kernels,pyclient,device_session,engine,transports,bench
+  --only STEPS         comma-separated groups to run: sampler,processors,statistics,server,ipc,
+                       example,session_kernels,pyclient,device_session,engine,transports,bench
   --timeout SECS       limit of each test step (default 240)
   --bench-timeout SECS limit of the benchmark (default 420)
   --deadline SECS      the whole run ends within this (default 570: a summary before a 600 s kill)
@@ -71,7 +72,7 @@ BENCH_ARGS=""
 TRANSPORT_ARGS=""
 SESSION_ARGS=""
 MPS=0
-ONLY="sampler,statistics,server,example,ipc,session_kernels,pyclient,device_session,engine,transports,bench"
+ONLY="sampler,processors,statistics,server,example,ipc,session_kernels,pyclient,device_session,engine,transports,bench"
 ENGINE_ARGS=""
 STEP_TIMEOUT=240
 BENCH_TIMEOUT=420
@@ -300,6 +301,10 @@ fi
 if selected sampler; then
   run_step gpu_sampler_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_sampler_test" \
     "--gtest_output=xml:$RESULTS/gpu_sampler_test.xml"
+fi
+if selected processors; then
+  run_step gpu_processors_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_processors_test" \
+    "--gtest_output=xml:$RESULTS/gpu_processors_test.xml"
 fi
 if selected statistics; then
   run_step gpu_statistics_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_statistics_test" \

@@ -256,6 +256,12 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
         "-byte elements, got an address ", reinterpret_cast<uintptr_t>(io.logits) % element_bytes,
         " bytes past a boundary (check the region offset)"));
   }
+  if (io.bitmask_on_device && reinterpret_cast<uintptr_t>(io.bitmask) % sizeof(uint32_t) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a device token_bitmask aligned to its 4-byte words, got an address ",
+                     reinterpret_cast<uintptr_t>(io.bitmask) % sizeof(uint32_t),
+                     " bytes past a boundary (check the region offset)"));
+  }
   if (io.done_event != nullptr && io.output == nullptr) {
     return absl::InvalidArgumentError("expected an output with a done event, got none");
   }
@@ -264,15 +270,24 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
 
   const int64_t b = batch.batch;
   const int32_t n = batch.top_logprobs;
-  // Inputs, pinned and device alike: [logits | params] for host logits, [params] for device
-  // logits (read where they are).
+  // Inputs, pinned and device alike: [logits | params | processors], where the logits are left
+  // out when on the device (read where they are), and the processors are the adjust offsets,
+  // the adjusts and a host bitmask, each when present.
   const size_t logits_bytes =
       io.logits_on_device
           ? 0
           : static_cast<size_t>(InlineBytes(batch.dtype, b, batch.vocab, batch.row_stride));
   const size_t params_offset = AlignUp(logits_bytes, kAlign);
   const size_t params_bytes = batch.params.size() * sizeof(kernels::RowParams);
-  const size_t input_bytes = params_offset + params_bytes;
+  const size_t offsets_offset = AlignUp(params_offset + params_bytes, kAlign);
+  const size_t offsets_bytes = batch.adjust_offsets.size() * sizeof(uint32_t);
+  const size_t adjusts_offset = AlignUp(offsets_offset + offsets_bytes, kAlign);
+  const size_t adjusts_bytes = batch.adjusts.size() * sizeof(kernels::TokenAdjust);
+  const size_t bitmask_offset = AlignUp(adjusts_offset + adjusts_bytes, kAlign);
+  const size_t bitmask_bytes = batch.bitmask_words > 0 && !io.bitmask_on_device
+                                   ? static_cast<size_t>(b * batch.bitmask_words) * sizeof(uint32_t)
+                                   : 0;
+  const size_t input_bytes = bitmask_offset + bitmask_bytes;
   const OutputLayout out = OutputLayout::For(b, n);
   const size_t workspace_bytes = gpu::SampleWorkspaceBytes(b, batch.vocab, n);
 
@@ -305,10 +320,21 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
         "copying the logits to the device"));
   }
   std::memcpy(At<char>(pinned_in_.ptr, params_offset), batch.params.data(), params_bytes);
-  RETURN_IF_ERROR(
-      Check(gpu::CopyToDevice(At<char>(device_in_.ptr, params_offset),
-                              At<char>(pinned_in_.ptr, params_offset), params_bytes, stream_),
-            "copying the parameters to the device"));
+  if (!batch.adjusts.empty()) {  // (memcpy from an empty vector's null data() is undefined)
+    std::memcpy(At<char>(pinned_in_.ptr, offsets_offset), batch.adjust_offsets.data(),
+                offsets_bytes);
+    std::memcpy(At<char>(pinned_in_.ptr, adjusts_offset), batch.adjusts.data(), adjusts_bytes);
+  }
+  // Guarded like the logits: a host shm bitmask may be truncated under us.
+  if (bitmask_bytes > 0 &&
+      !GuardedCopy(At<char>(pinned_in_.ptr, bitmask_offset), io.bitmask, bitmask_bytes)) {
+    RETURN_IF_ERROR(Check(gpu::StreamSynchronize(stream_), "finishing the staged chunks"));
+    return ShrunkShmError("the token_bitmask region");
+  }
+  RETURN_IF_ERROR(Check(gpu::CopyToDevice(At<char>(device_in_.ptr, params_offset),
+                                          At<char>(pinned_in_.ptr, params_offset),
+                                          input_bytes - params_offset, stream_),
+                        "copying the parameters to the device"));
   if (reply_early) {
     // Recorded before the ready-event wait, so that the next request waits for these copies
     // only, never for the producer.
@@ -331,6 +357,16 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   args.top_p_rows = gpu::HasTopPRows(batch.params.data(), args.params_count, batch.vocab);
   args.top_logprobs = n;
   args.logprob_source = batch.logprob_source;
+  if (batch.bitmask_words > 0) {
+    args.allowed_bitmask = io.bitmask_on_device
+                               ? static_cast<const uint32_t*>(io.bitmask)
+                               : At<const uint32_t>(device_in_.ptr, bitmask_offset);
+    args.bitmask_words = batch.bitmask_words;
+  }
+  if (!batch.adjusts.empty()) {
+    args.adjust_offsets = At<const uint32_t>(device_in_.ptr, offsets_offset);
+    args.adjusts = At<const kernels::TokenAdjust>(device_in_.ptr, adjusts_offset);
+  }
   args.token_ids = At<int32_t>(device_out_.ptr, out.token_ids);
   args.status = At<kernels::RowStatus>(device_out_.ptr, out.status);
   if (n >= 0) {

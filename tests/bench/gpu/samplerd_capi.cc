@@ -12,6 +12,7 @@ using samplerd::kernels::DType;
 using samplerd::kernels::RowParams;
 using samplerd::kernels::RowStatus;
 using samplerd::kernels::SampleArgs;
+using samplerd::kernels::TokenAdjust;
 using samplerd::kernels::TopPMode;
 namespace gpu = samplerd::kernels::gpu;
 
@@ -61,6 +62,38 @@ int samplerd_sample(const void* logits, int dtype, int64_t batch, int64_t vocab,
   args.token_ids = token_ids;
   args.status = reinterpret_cast<RowStatus*>(status);
   args.top_p_rows = top_p_rows != 0;
+  return gpu::Sample(args, workspace, workspace_bytes, stream);
+}
+
+// Bytes of one TokenAdjust: int32 token, then float bias, repetition and penalty.
+int64_t samplerd_token_adjust_bytes() { return sizeof(TokenAdjust); }
+
+// samplerd_sample with logits processors (device memory, each may be null): the allowed-token
+// bitmask [batch, ceil(vocab / 32)] and the adjusts with their batch + 1 row offsets.
+int samplerd_sample_processed(const void* logits, int dtype, int64_t batch, int64_t vocab,
+                              const void* device_params, int32_t* token_ids, uint8_t* status,
+                              void* workspace, size_t workspace_bytes, void* stream, int top_p_rows,
+                              const uint32_t* bitmask, const uint32_t* adjust_offsets,
+                              const void* adjusts) {
+  SampleArgs args;
+  args.logits = logits;
+  args.dtype = static_cast<DType>(dtype);
+  args.batch = batch;
+  args.vocab = vocab;
+  args.row_stride = vocab;
+  args.params = static_cast<const RowParams*>(device_params);
+  args.params_count = batch;
+  args.token_ids = token_ids;
+  args.status = reinterpret_cast<RowStatus*>(status);
+  args.top_p_rows = top_p_rows != 0;
+  if (bitmask != nullptr) {
+    args.allowed_bitmask = bitmask;
+    args.bitmask_words = (vocab + 31) / 32;
+  }
+  if (adjusts != nullptr) {
+    args.adjust_offsets = adjust_offsets;
+    args.adjusts = static_cast<const TokenAdjust*>(adjusts);
+  }
   return gpu::Sample(args, workspace, workspace_bytes, stream);
 }
 
