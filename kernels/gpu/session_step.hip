@@ -135,6 +135,8 @@ __device__ __forceinline__ int32_t ProtoRowStatus(RowStatus status) {
       return SAMPLERD_ROW_INVALID_NAN;
     case RowStatus::kNoFinite:
       return SAMPLERD_ROW_INVALID_NO_FINITE;
+    case RowStatus::kNoAllowed:
+      return SAMPLERD_ROW_INVALID_NO_ALLOWED;
     case RowStatus::kInvalidParams:
       break;
   }

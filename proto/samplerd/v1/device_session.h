@@ -95,6 +95,8 @@ extern "C" {
 #define SAMPLERD_ROW_INVALID_NAN 2
 #define SAMPLERD_ROW_INVALID_NO_FINITE 3
 #define SAMPLERD_ROW_INVALID_PARAMS 4
+/* Not written by sessions yet: they carry no logits processors (API v1). */
+#define SAMPLERD_ROW_INVALID_NO_ALLOWED 5
 
 #define SAMPLERD_CONTROL_BYTES 256u
 #define SAMPLERD_CONTROL_ALIGN 64u

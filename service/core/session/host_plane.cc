@@ -85,6 +85,8 @@ int32_t RowStatusNumber(kernels::RowStatus status) {
       return SAMPLERD_ROW_INVALID_NAN;
     case kernels::RowStatus::kNoFinite:
       return SAMPLERD_ROW_INVALID_NO_FINITE;
+    case kernels::RowStatus::kNoAllowed:
+      return SAMPLERD_ROW_INVALID_NO_ALLOWED;
     default:
       return SAMPLERD_ROW_INVALID_PARAMS;
   }
