@@ -27,16 +27,6 @@ class GpuProcessorsTest : public ::testing::Test {
   }
 };
 
-RowParams Params(float t, int32_t k, float p, float m, TopPMode mode = TopPMode::kTopKFirst) {
-  RowParams r;
-  r.temperature = t;
-  r.top_k = k;
-  r.top_p = p;
-  r.min_p = m;
-  r.top_p_mode = mode;
-  return r;
-}
-
 struct Setting {
   const char* name;
   RowParams params;
@@ -101,14 +91,6 @@ void AddProcessors(Batch& b, Mask mask, int entries, bool one_row_nothing, std::
       b.adjusts.push_back(a);
     }
     b.adjust_offsets.push_back(static_cast<uint32_t>(b.adjusts.size()));
-  }
-}
-
-void SetParams(Batch& b, const RowParams& setting, std::mt19937_64& rng) {
-  b.params.assign(b.batch, setting);
-  for (auto& p : b.params) {
-    p.seed = rng();
-    p.position = rng() % 100000;
   }
 }
 
@@ -216,22 +198,7 @@ TEST_F(GpuProcessorsTest, LogprobsMatchTheCpuReference) {
                      " N=" + std::to_string(top_n));
         ASSERT_EQ(gpu.status, cpu.status);
         if (gpu.tokens != cpu.tokens) continue;  // a near-tie draw; counted by the test above
-        EXPECT_EQ(gpu.sampled_rank, cpu.sampled_rank);
-        EXPECT_EQ(gpu.top_ids, cpu.top_ids);
-        for (size_t i = 0; i < cpu.sampled_logprob.size(); ++i) {
-          if (std::isinf(cpu.sampled_logprob[i])) {
-            EXPECT_EQ(gpu.sampled_logprob[i], cpu.sampled_logprob[i]) << "row " << i;
-          } else {
-            EXPECT_NEAR(gpu.sampled_logprob[i], cpu.sampled_logprob[i], 2e-4) << "row " << i;
-          }
-        }
-        for (size_t i = 0; i < cpu.top_values.size(); ++i) {
-          if (std::isinf(cpu.top_values[i])) {
-            EXPECT_EQ(gpu.top_values[i], cpu.top_values[i]);
-          } else {
-            EXPECT_NEAR(gpu.top_values[i], cpu.top_values[i], 2e-4);
-          }
-        }
+        ExpectLogprobsMatch(gpu, cpu);
       }
     }
   }

@@ -30,16 +30,6 @@ struct Setting {
   RowParams params;
 };
 
-RowParams Params(float t, int32_t k, float p, float m, TopPMode mode = TopPMode::kTopKFirst) {
-  RowParams r;
-  r.temperature = t;
-  r.top_k = k;
-  r.top_p = p;
-  r.min_p = m;
-  r.top_p_mode = mode;
-  return r;
-}
-
 const Setting kSettings[] = {
     {"greedy", Params(0.0f, 0, 1.0f, 0.0f)},
     {"temperature_0.8", Params(0.8f, 0, 1.0f, 0.0f)},
@@ -64,15 +54,6 @@ const Shape kShapes[] = {{8, 32000, 0}, {3, 151936, 0}, {16, 111, 0},
                          {5, 1, 0},     {4, 8193, 0},   {2, 20000, 20011}};
 
 const DType kDTypes[] = {DType::kFp32, DType::kBf16, DType::kFp16};
-
-// Per-row params: the setting with a random seed and position.
-void SetParams(Batch& b, const RowParams& setting, std::mt19937_64& rng) {
-  b.params.assign(b.batch, setting);
-  for (auto& p : b.params) {
-    p.seed = rng();
-    p.position = rng() % 100000;
-  }
-}
 
 // The Gumbel-perturbed score the CPU would give token j of row r (for diagnosing mismatches).
 double Score(const Batch& b, int64_t r, int64_t j) {
@@ -168,15 +149,7 @@ TEST_F(GpuSamplerTest, DegenerateRowsMatchTheCpuReference) {
           SCOPED_TRACE(std::string(setting.name) + " " + DTypeName(dtype));
           EXPECT_EQ(gpu.status, cpu.status);
           EXPECT_EQ(gpu.tokens, cpu.tokens);
-          EXPECT_EQ(gpu.sampled_rank, cpu.sampled_rank);
-          EXPECT_EQ(gpu.top_ids, cpu.top_ids);
-          for (size_t i = 0; i < cpu.sampled_logprob.size(); ++i) {
-            if (std::isinf(cpu.sampled_logprob[i])) {
-              EXPECT_EQ(gpu.sampled_logprob[i], cpu.sampled_logprob[i]);
-            } else {
-              EXPECT_NEAR(gpu.sampled_logprob[i], cpu.sampled_logprob[i], 2e-4) << "row " << i;
-            }
-          }
+          ExpectLogprobsMatch(gpu, cpu);
         }
       }
     }
@@ -202,18 +175,7 @@ TEST_F(GpuSamplerTest, LogprobsMatchTheCpuReference) {
                      (source == LogprobSource::kRaw ? " raw" : " processed") +
                      " N=" + std::to_string(top_n));
         if (gpu.tokens != cpu.tokens) continue;  // a near-tie draw; counted by the test above
-        EXPECT_EQ(gpu.sampled_rank, cpu.sampled_rank);
-        EXPECT_EQ(gpu.top_ids, cpu.top_ids);
-        for (size_t i = 0; i < cpu.sampled_logprob.size(); ++i) {
-          EXPECT_NEAR(gpu.sampled_logprob[i], cpu.sampled_logprob[i], 2e-4);
-        }
-        for (size_t i = 0; i < cpu.top_values.size(); ++i) {
-          if (std::isinf(cpu.top_values[i])) {
-            EXPECT_EQ(gpu.top_values[i], cpu.top_values[i]);
-          } else {
-            EXPECT_NEAR(gpu.top_values[i], cpu.top_values[i], 2e-4);
-          }
-        }
+        ExpectLogprobsMatch(gpu, cpu);
       }
     }
   }

@@ -211,6 +211,41 @@ Outputs RunGpu(const Batch& b) {
   return o;
 }
 
+RowParams Params(float temperature, int32_t top_k, float top_p, float min_p, TopPMode mode) {
+  RowParams r;
+  r.temperature = temperature;
+  r.top_k = top_k;
+  r.top_p = top_p;
+  r.min_p = min_p;
+  r.top_p_mode = mode;
+  return r;
+}
+
+void SetParams(Batch& b, const RowParams& setting, std::mt19937_64& rng) {
+  b.params.assign(b.batch, setting);
+  for (auto& p : b.params) {
+    p.seed = rng();
+    p.position = rng() % 100000;
+  }
+}
+
+void ExpectLogprobsMatch(const Outputs& gpu, const Outputs& cpu) {
+  EXPECT_EQ(gpu.sampled_rank, cpu.sampled_rank);
+  EXPECT_EQ(gpu.top_ids, cpu.top_ids);
+  auto expect_near = [](const std::vector<float>& got, const std::vector<float>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::isinf(want[i])) {
+        EXPECT_EQ(got[i], want[i]) << "entry " << i;
+      } else {
+        EXPECT_NEAR(got[i], want[i], 2e-4) << "entry " << i;
+      }
+    }
+  };
+  expect_near(gpu.sampled_logprob, cpu.sampled_logprob);
+  expect_near(gpu.top_values, cpu.top_values);
+}
+
 bool HaveGpu(std::string* why) { return !gpu::ListDevices(why).empty(); }
 
 }  // namespace samplerd::kernels::testing

@@ -57,6 +57,16 @@ Outputs RunCpu(const Batch& b);
 // Runs the GPU kernels (device 0); fails the current test on a runtime error.
 Outputs RunGpu(const Batch& b);
 
+// Row parameters with these filters (seed and position 0).
+RowParams Params(float temperature, int32_t top_k, float top_p, float min_p,
+                 TopPMode mode = TopPMode::kTopKFirst);
+// One entry of `setting` per row of `b`, each with a random seed and position.
+void SetParams(Batch& b, const RowParams& setting, std::mt19937_64& rng);
+
+// Expects the GPU's logprob outputs to be the CPU's: ranks and ids equal, values within 2e-4
+// (infinities equal).
+void ExpectLogprobsMatch(const Outputs& gpu, const Outputs& cpu);
+
 // True when a GPU is visible; *why says why not.
 bool HaveGpu(std::string* why);
 

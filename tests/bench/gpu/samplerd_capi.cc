@@ -48,23 +48,6 @@ int samplerd_write_params(int64_t batch, const float* temperature, const int32_t
 // Samples a dense [batch, vocab] tensor (dtype 0 fp32, 1 fp16, 2 bf16) on `stream`; all
 // pointers are device memory. `top_p_rows` as SampleArgs::top_p_rows (the server passes
 // HasTopPRows of its host params). Returns the runtime error code (0 = success).
-int samplerd_sample(const void* logits, int dtype, int64_t batch, int64_t vocab,
-                    const void* device_params, int32_t* token_ids, uint8_t* status, void* workspace,
-                    size_t workspace_bytes, void* stream, int top_p_rows) {
-  SampleArgs args;
-  args.logits = logits;
-  args.dtype = static_cast<DType>(dtype);
-  args.batch = batch;
-  args.vocab = vocab;
-  args.row_stride = vocab;
-  args.params = static_cast<const RowParams*>(device_params);
-  args.params_count = batch;
-  args.token_ids = token_ids;
-  args.status = reinterpret_cast<RowStatus*>(status);
-  args.top_p_rows = top_p_rows != 0;
-  return gpu::Sample(args, workspace, workspace_bytes, stream);
-}
-
 // Bytes of one TokenAdjust: int32 token, then float bias, repetition and penalty.
 int64_t samplerd_token_adjust_bytes() { return sizeof(TokenAdjust); }
 
@@ -95,6 +78,14 @@ int samplerd_sample_processed(const void* logits, int dtype, int64_t batch, int6
     args.adjusts = static_cast<const TokenAdjust*>(adjusts);
   }
   return gpu::Sample(args, workspace, workspace_bytes, stream);
+}
+
+int samplerd_sample(const void* logits, int dtype, int64_t batch, int64_t vocab,
+                    const void* device_params, int32_t* token_ids, uint8_t* status, void* workspace,
+                    size_t workspace_bytes, void* stream, int top_p_rows) {
+  return samplerd_sample_processed(logits, dtype, batch, vocab, device_params, token_ids, status,
+                                   workspace, workspace_bytes, stream, top_p_rows, nullptr, nullptr,
+                                   nullptr);
 }
 
 const char* samplerd_error_string(int code) { return gpu::ErrorString(code); }
