@@ -1,0 +1,184 @@
+// DeviceSession against the real server (CPU backend, host plane) over the generated C++ stub:
+// the call's lifetime (close, half-close, cancel, a second open, drain (SIGTERM)) and bad opens.
+// The steps are in device_session_test.cc; the shared fixture in device_session_fixture.h.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <memory>
+#include <string>
+
+#include "tests/integration/device_session_fixture.h"
+
+namespace samplerd::integration {
+namespace {
+
+TEST_F(DeviceSessions, ASecondOpenOnTheSameControlBlockIsAlreadyExists) {
+  SessionBuffers buffers(client_.get(), "twice");
+  ASSERT_TRUE(buffers.ok());
+  std::unique_ptr<Call> first = OpenSession(client_.get(), buffers.Open());
+  ASSERT_TRUE(first->is_open) << first->status.error_message();
+  std::unique_ptr<Call> second = OpenSession(client_.get(), buffers.Open());
+  ASSERT_FALSE(second->is_open);
+  EXPECT_EQ(second->status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_TRUE(MentionsAny(second->status.error_message(), {"control block"}));
+  grpc::Status status;
+  EXPECT_EQ(CloseSession(first.get(), &status), 0);
+  EXPECT_TRUE(status.ok());
+}
+
+TEST_F(DeviceSessions, OneOpenOverMaxDeviceSessionsIsResourceExhausted) {
+  SessionBuffers a(client_.get(), "limit-a");
+  SessionBuffers b(client_.get(), "limit-b");
+  SessionBuffers c(client_.get(), "limit-c");
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  std::unique_ptr<Call> first = OpenSession(client_.get(), a.Open());
+  std::unique_ptr<Call> second = OpenSession(client_.get(), b.Open());
+  ASSERT_TRUE(first->is_open && second->is_open);
+  std::unique_ptr<Call> third = OpenSession(client_.get(), c.Open());
+  ASSERT_FALSE(third->is_open);
+  EXPECT_EQ(third->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(MentionsAny(third->status.error_message(), {"--max_device_sessions"}));
+  grpc::Status status;
+  CloseSession(first.get(), &status);
+  EXPECT_TRUE(status.ok());
+  // A slot is free again.
+  std::unique_ptr<Call> again = OpenSession(client_.get(), c.Open());
+  EXPECT_TRUE(again->is_open) << again->status.error_message();
+  if (again->is_open) CloseSession(again.get(), &status);
+  CloseSession(second.get(), &status);
+}
+
+TEST_F(DeviceSessions, HalfClosingEndsTheSessionWithClosedAndOk) {
+  SessionBuffers buffers(client_.get(), "halfclose");
+  ASSERT_TRUE(buffers.ok());
+  std::unique_ptr<Call> call = OpenSession(client_.get(), buffers.Open());
+  ASSERT_TRUE(call->is_open) << call->status.error_message();
+  ASSERT_EQ(buffers.Step(0), static_cast<int>(SAMPLERD_STEP_BAD_BATCH));  // one (empty) step
+  call->stream->WritesDone();
+  v1::DeviceSessionResponse response;
+  ASSERT_TRUE(call->stream->Read(&response));
+  ASSERT_TRUE(response.has_closed());
+  EXPECT_EQ(response.closed().steps(), 1u);
+  EXPECT_TRUE(call->stream->Finish().ok());
+  EXPECT_EQ(buffers.StepStatus(), SAMPLERD_STEP_ABORTED);
+}
+
+TEST_F(DeviceSessions, CancellingTheCallEndsTheSessionAndReleasesTheEngineWait) {
+  SessionBuffers buffers(client_.get(), "cancel");
+  ASSERT_TRUE(buffers.ok());
+  std::unique_ptr<Call> call = OpenSession(client_.get(), buffers.Open());
+  ASSERT_TRUE(call->is_open) << call->status.error_message();
+  ASSERT_EQ(OpenSessions(), 1);
+  call->context.TryCancel();
+  EXPECT_EQ(call->stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitForNoSessions());
+  // The wait an engine would have pending completes, with ABORTED.
+  EXPECT_TRUE(buffers.WaitDone());
+  EXPECT_EQ(buffers.StepStatus(), SAMPLERD_STEP_ABORTED);
+}
+
+TEST_F(DeviceSessions, ASecondOpenOnTheCallEndsItInvalidArgument) {
+  SessionBuffers buffers(client_.get(), "reopen");
+  ASSERT_TRUE(buffers.ok());
+  std::unique_ptr<Call> call = OpenSession(client_.get(), buffers.Open());
+  ASSERT_TRUE(call->is_open) << call->status.error_message();
+  v1::DeviceSessionRequest request;
+  *request.mutable_open() = buffers.Open();
+  ASSERT_TRUE(call->stream->Write(request));
+  v1::DeviceSessionResponse response;
+  EXPECT_FALSE(call->stream->Read(&response));
+  const grpc::Status status = call->stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(MentionsAny(status.error_message(), {"second open"}));
+  EXPECT_EQ(OpenSessions(), 0);  // closed before the call ended
+}
+
+TEST_F(DeviceSessions, TheFirstMessageMustBeOpen) {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = client_->stub()->DeviceSession(&context);
+  v1::DeviceSessionRequest request;
+  request.mutable_close();
+  ASSERT_TRUE(stream->Write(request));
+  v1::DeviceSessionResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "expected the first DeviceSession message to set open, got close");
+}
+
+TEST_F(DeviceSessions, TheGpuPlaneOnThisCpuServerIsFailedPrecondition) {
+  SessionBuffers buffers(client_.get(), "gpuplane");
+  ASSERT_TRUE(buffers.ok());
+  v1::DeviceSessionOpen open = buffers.Open();
+  open.set_plane(v1::DEVICE_PLANE_GPU);
+  std::unique_ptr<Call> call = OpenSession(client_.get(), open);
+  ASSERT_FALSE(call->is_open);
+  EXPECT_EQ(call->status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(MentionsAny(call->status.error_message(), {"samples on the CPU"}));
+}
+
+TEST_F(DeviceSessions, ASliceTooSmallIsOutOfRangeAndAnUnknownRegionNotFound) {
+  SessionBuffers buffers(client_.get(), "small");
+  ASSERT_TRUE(buffers.ok());
+  v1::DeviceSessionOpen open = buffers.Open();
+  open.set_max_batch(kM * 4);  // the logits slice is far too small now
+  std::unique_ptr<Call> call = OpenSession(client_.get(), open);
+  ASSERT_FALSE(call->is_open);
+  EXPECT_EQ(call->status.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_TRUE(MentionsAny(call->status.error_message(), {"DeviceSessionOpen.logits"}));
+  open = buffers.Open();
+  open.mutable_params()->set_region("unknown");
+  call = OpenSession(client_.get(), open);
+  ASSERT_FALSE(call->is_open);
+  EXPECT_EQ(call->status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// ---- With a server of their own --------------------------------------------------------------
+
+TEST(DeviceSessionDrain, SigtermEndsAnOpenSessionUnavailableAndAbortsTheEngineWait) {
+  std::string error;
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start(CpuServerOptions(), &error);
+  ASSERT_NE(server, nullptr) << error;
+  auto client = std::make_unique<Client>(server->target());
+  SessionBuffers buffers(client.get(), "drain");
+  ASSERT_TRUE(buffers.ok());
+  std::unique_ptr<Call> call = OpenSession(client.get(), buffers.Open());
+  ASSERT_TRUE(call->is_open) << call->status.error_message();
+  ASSERT_EQ(buffers.Step(0), static_cast<int>(SAMPLERD_STEP_BAD_BATCH));  // done is 0 again
+
+  ASSERT_EQ(kill(server->pid(), SIGTERM), 0);
+  v1::DeviceSessionResponse response;
+  EXPECT_FALSE(call->stream->Read(&response));  // the call ends: no `closed`
+  const grpc::Status status = call->stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_TRUE(buffers.WaitDone());
+  EXPECT_EQ(buffers.StepStatus(), SAMPLERD_STEP_ABORTED);
+  // The client goes first: a sync client notices the server's GOAWAY only within 5 s.
+  call.reset();
+  client.reset();
+  EXPECT_EQ(server->Stop(), 0) << server->Log();
+}
+
+TEST(DeviceSessionPeers, OverTcpWithoutAllowRemoteRegionsItIsPermissionDenied) {
+  const int port = PickFreeTcpPort();
+  ASSERT_GT(port, 0);
+  ServerProcess::Options options = CpuServerOptions();
+  options.listen = "127.0.0.1:" + std::to_string(port);
+  std::string error;
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start(options, &error);
+  ASSERT_NE(server, nullptr) << error;
+  {
+    Client client(server->target());
+    v1::DeviceSessionOpen open;
+    open.set_dtype(v1::DTYPE_FP32);
+    std::unique_ptr<Call> call = OpenSession(&client, open);
+    ASSERT_FALSE(call->is_open);
+    EXPECT_EQ(call->status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_TRUE(MentionsAny(call->status.error_message(), {"allow_remote_regions"}));
+  }
+  EXPECT_EQ(server->Stop(), 0) << server->Log();
+}
+
+}  // namespace
+}  // namespace samplerd::integration
