@@ -90,8 +90,8 @@ for name in "${!BUILT[@]}"; do
   [[ -f "${BUILT[$name]}" ]] || die "missing ${BUILT[$name]}"
   cp "${BUILT[$name]}" "$STAGE/$name"
 done
-cp tests/bench/gpu/bench_kernels.py tests/bench/gpu/bench_processors.py tests/gpu/run_on_gpu.sh tests/gpu/README.md \
-  tests/gpu/ipc_producer.py tests/gpu/python_client_cuda.py tests/gpu/device_session_cuda.py \
+cp tests/bench/gpu/bench_kernels.py tests/bench/gpu/bench_processors.py tests/gpu/run_on_gpu.sh \
+  tests/gpu/run_on_gpu_steps.sh tests/gpu/README.md tests/gpu/ipc_producer.py tests/gpu/python_client_cuda.py tests/gpu/device_session_cuda.py \
   tests/gpu/session_common.py tests/gpu/session_checks_correctness.py \
   tests/gpu/session_checks_kill.py tests/gpu/session_checks_bench.py \
   tests/bench/engine/decode_loop.py "$CARRY/"
