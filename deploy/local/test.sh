@@ -16,7 +16,7 @@ cd "${SAMPLERD_ROOT}" || exit 1
 # To add one (GPU compile checks, Python and Go client tests, ...): write step_NAME, add NAME
 # here, and list what it needs in install_deps.sh.
 readonly ALL_STEPS=(deps build ctest buf-lint format shell-lint e2e python-client go-client
-  gpu_compile_checks cpp-install deploy asan tsan)
+  gpu_compile_checks cpp-install deploy asan tsan soak)
 
 step_deps() { deploy/local/install_deps.sh && echo "dependencies: all present"; }
 
@@ -227,6 +227,17 @@ sanitizer_build() {
   local preset="$1"
   shift
   SAMPLERD_PRESET="${preset}" SAMPLERD_BUILD="${SAMPLERD_ROOT}/build/${preset}" samplerd::build "$@"
+}
+
+# The load-and-faults program, bounded (tests/soak/README.md; ~15 s): 16 streams x 300 steps
+# from 4 client processes against the CPU server, a client SIGKILLed mid-stream, host shm
+# regions unregistered in flight, --max_inflight saturation, SIGTERM under load. Fails unless
+# every step is answered once and in order, and the server's fds, threads and RSS come back.
+step_soak() {
+  needs_build || return
+  client/python/generate.sh &&
+    SAMPLERD_BIN="${SAMPLERD_BIN}" timeout 300 /usr/bin/python3 tests/soak/soak.py \
+      --streams 16 --steps 300 --procs 4
 }
 
 # The step runner (lib.sh) calls this when a step fails; non-zero stops the run.
