@@ -229,15 +229,16 @@ sanitizer_build() {
   SAMPLERD_PRESET="${preset}" SAMPLERD_BUILD="${SAMPLERD_ROOT}/build/${preset}" samplerd::build "$@"
 }
 
-# The load-and-faults program, bounded (tests/soak/README.md; ~15 s): 16 streams x 300 steps
-# from 4 client processes against the CPU server, a client SIGKILLed mid-stream, host shm
+# The load-and-faults program, bounded (tests/soak/README.md; ~20 s): 16 streams x 300 steps
+# from 4 client processes against the CPU server (after a 150-step warm-up, which settles RSS
+# before its baseline), a client SIGKILLed mid-stream, host shm
 # regions unregistered in flight, --max_inflight saturation, SIGTERM under load. Fails unless
 # every step is answered once and in order, and the server's fds, threads and RSS come back.
 step_soak() {
   needs_build || return
   client/python/generate.sh &&
     SAMPLERD_BIN="${SAMPLERD_BIN}" timeout 300 /usr/bin/python3 tests/soak/soak.py \
-      --streams 16 --steps 300 --procs 4
+      --streams 16 --steps 300 --procs 4 --warmup_steps 150
 }
 
 # The step runner (lib.sh) calls this when a step fails; non-zero stops the run.
