@@ -95,50 +95,53 @@ def resources_line(label: str, s: dict) -> str:
             f"{s['soak_maps']}")
 
 
+def load_round(args, tmp: str, server: Server, checks: Checks, steps: int, tag: str) -> tuple:
+    """The load's shape for `steps` steps a stream: --procs load clients, a regions client
+    unregistering in flight, a victim SIGKILLed mid-stream. Checks each client's replies;
+    returns (merged load results, regions results, the victim's steps, seconds)."""
+    start = time.monotonic()
+    clients = load_clients(args, tmp, server.target, "load", steps, tag)
+    regions = regions_client(args, tmp, server.target, f"{tag}-regions")
+    victim = Client(tmp, f"{tag}-victim", server.target, "--mode=victim", "--streams=2",
+                    "--steps=0", "--window=16", "--first_stream=900000",
+                    f"--batch={args.batch}", f"--vocab={args.vocab}")
+    progressed = victim.wait_progress(args.victim_steps, timeout=60)
+    victim.kill()
+    checks.expect(f"{tag} victim: SIGKILLed mid-stream", progressed and victim.result is None,
+                  f"after {victim.progress} steps on a stream, 16 in flight per stream")
+    r = merge([c.wait(120 + args.streams * steps / 200) for c in clients])
+    elapsed = time.monotonic() - start
+    open(f"{tmp}/{tag}-regions.stop", "w").close()
+    reg = regions.wait(60)
+    check_steps(checks, tag, r, {OK}, {"OK"})
+    checks.expect(f"{tag}: all steps sent", r["sent"] == args.streams * steps,
+                  f"{r['sent']} of {args.streams * steps}")
+    check_steps(checks, f"{tag} regions", reg, {OK, NOT_FOUND}, {"OK"})
+    checks.expect(f"{tag} regions: unregistered with steps in flight",
+                  reg["unregisters"] > 0 and reg["in_flight_at_unregister"] > 0,
+                  f"{reg['unregisters']} unregisters, {reg['in_flight_at_unregister']} steps "
+                  f"in flight at them")
+    checks.expect(f"{tag} regions: no step sent after Unregister read the region",
+                  reg["ok_after_unregister"] == 0, f"{reg['ok_after_unregister']} did")
+    return r, reg, victim.progress, elapsed
+
+
 def phase_load(args, tmp: str, checks: Checks, report: dict) -> Server:
     server = Server(args.bin, tmp, "main", f"--threads={args.threads}",
                     f"--grace_period={args.grace}s", f"--max_inflight={args.max_inflight}")
     before = snapshot(server.pid)
-    print(f"== warm-up: {args.streams} streams x {args.warmup_steps} steps", flush=True)
-    timeout = 120 + args.streams * args.steps / 200
-    clients = load_clients(args, tmp, server.target, "load", args.warmup_steps, "warmup")
-    # Regions too: the registry starts its closer thread (and owner watch) on first use.
-    regions = regions_client(args, tmp, server.target, "warmup-regions")
-    r = merge([c.wait(timeout) for c in clients])
-    open(f"{tmp}/warmup-regions.stop", "w").close()
-    check_steps(checks, "warm-up", r, {OK}, {"OK"})
-    check_steps(checks, "warm-up regions", regions.wait(60), {OK, NOT_FOUND}, {"OK"})
-    baseline = server.settle(snapshot(server.pid), seconds=1)
+    # Every kind of traffic once, so that lazily made threads (the registry's closer) and
+    # buffers exist before the baseline.
+    print(f"== warm-up: the load's shape, {args.warmup_steps} steps a stream", flush=True)
+    load_round(args, tmp, server, checks, args.warmup_steps, "warm-up")
+    server.settle(snapshot(server.pid), seconds=1)
     time.sleep(0.5)
     baseline = snapshot(server.pid)
 
     print(f"== load: {args.streams} streams x {args.steps} steps, {args.procs} processes, "
           f"window {args.window}; a victim SIGKILLed; regions unregistered in flight", flush=True)
-    start = time.monotonic()
     with PeakSampler(server.pid) as peak:
-        clients = load_clients(args, tmp, server.target, "load", args.steps, "load")
-        regions = regions_client(args, tmp, server.target, "regions")
-        victim = Client(tmp, "victim", server.target, "--mode=victim", "--streams=2",
-                        "--steps=0", "--window=16", "--first_stream=900000",
-                        f"--batch={args.batch}", f"--vocab={args.vocab}")
-        progressed = victim.wait_progress(args.victim_steps, timeout=60)
-        victim.kill()
-        checks.expect("victim: SIGKILLed mid-stream", progressed and victim.result is None,
-                      f"after {victim.progress} steps on a stream, 16 in flight per stream")
-        r = merge([c.wait(timeout) for c in clients])
-        elapsed = time.monotonic() - start
-        open(f"{tmp}/regions.stop", "w").close()
-        reg = regions.wait(60)
-    check_steps(checks, "load", r, {OK}, {"OK"})
-    checks.expect("load: all steps sent", r["sent"] == args.streams * args.steps,
-                  f"{r['sent']} of {args.streams * args.steps}")
-    check_steps(checks, "regions", reg, {OK, NOT_FOUND}, {"OK"})
-    checks.expect("regions: unregistered with steps in flight",
-                  reg["unregisters"] > 0 and reg["in_flight_at_unregister"] > 0,
-                  f"{reg['unregisters']} unregisters, {reg['in_flight_at_unregister']} steps "
-                  f"in flight at them")
-    checks.expect("regions: no step sent after Unregister read the region",
-                  reg["ok_after_unregister"] == 0, f"{reg['ok_after_unregister']} did")
+        r, reg, victim_steps, elapsed = load_round(args, tmp, server, checks, args.steps, "load")
 
     after = server.settle(baseline)
     left = [n for n in server.regions() if n.startswith("soak-")]
@@ -162,20 +165,24 @@ def phase_load(args, tmp: str, checks: Checks, report: dict) -> Server:
                   not left and after["soak_maps"] == 0,
                   f"{len(left)} registered, {after['soak_maps']} mappings")
 
+    rss_during = {f"{q:.0%}": peak.rss_at(q) for q in (0.1, 0.25, 0.5, 0.75, 1.0)}
     lat = r.pop("latencies_us")
     reg.pop("latencies_us")
     report.update(
         load={**r, "seconds": round(elapsed, 1), "steps_per_s": round(r["replies"] / elapsed),
               "p50_us": percentile(lat, 0.50), "p99_us": percentile(lat, 0.99),
               "max_us": max(lat) if lat else None},
-        regions=reg, victim_steps=victim.progress,
-        resources={"before": before, "baseline": baseline, "peak": peak.peak, "after": after})
+        regions=reg, victim_steps=victim_steps,
+        resources={"before": before, "baseline": baseline, "peak": peak.peak, "after": after,
+                   "rss_kib_during_load": rss_during})
     print(f"  load: {r['replies']} replies in {elapsed:.1f} s ({report['load']['steps_per_s']}"
           f" steps/s); latency p50 {report['load']['p50_us']} µs, p99 "
           f"{report['load']['p99_us']} µs; errors: {codes_text(r['codes'])}")
     for label in ("before", "baseline", "peak", "after"):
         print(resources_line(label if label != "baseline" else "after warm-up",
                              report["resources"][label]))
+    print("  RSS through the load (MiB): " + ", ".join(
+        f"{k} {v / 1024:.1f}" for k, v in rss_during.items()))
     return server
 
 

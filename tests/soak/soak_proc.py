@@ -58,6 +58,7 @@ class PeakSampler:
         self.pid, self.period = pid, period
         self.peak = snapshot(pid)
         self.samples = 0
+        self.rss_series = []  # (seconds since start, RSS KiB) of every sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -68,11 +69,20 @@ class PeakSampler:
             except OSError:
                 return  # the server exited
             self.samples += 1
+            self.rss_series.append((time.monotonic() - self._start, s["rss_kib"]))
             for k, v in s.items():
                 if isinstance(v, int):
                     self.peak[k] = max(self.peak[k], v)
 
+    def rss_at(self, fraction: float) -> int:
+        """RSS (KiB) of the sample taken `fraction` of the way through."""
+        if not self.rss_series:
+            return self.peak["rss_kib"]
+        return self.rss_series[min(len(self.rss_series) - 1,
+                                   int(fraction * len(self.rss_series)))][1]
+
     def __enter__(self) -> "PeakSampler":
+        self._start = time.monotonic()
         self._thread.start()
         return self
 
