@@ -6,7 +6,7 @@
 #
 # Exits non-zero when any step fails and ends with a summary. This is what CI runs (.ci/run).
 # Environment: SAMPLERD_PRESET (default "default", the CPU build in build/default),
-# SAMPLERD_SKIP_DEPS=1 skips the dependency check.
+# SAMPLERD_SKIP_DEPS=1 skips the dependency check, SAMPLERD_SKIP_IMAGES=1 the images step.
 set -uo pipefail
 # shellcheck source=deploy/local/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -16,7 +16,7 @@ cd "${SAMPLERD_ROOT}" || exit 1
 # To add one (GPU compile checks, Python and Go client tests, ...): write step_NAME, add NAME
 # here, and list what it needs in install_deps.sh.
 readonly ALL_STEPS=(deps build ctest buf-lint format shell-lint e2e python-client go-client
-  gpu_compile_checks cpp-install deploy asan tsan soak)
+  gpu_compile_checks cpp-install deploy asan tsan soak images)
 
 step_deps() { deploy/local/install_deps.sh && echo "dependencies: all present"; }
 
@@ -239,6 +239,19 @@ step_soak() {
   client/python/generate.sh &&
     SAMPLERD_BIN="${SAMPLERD_BIN}" timeout 300 /usr/bin/python3 tests/soak/soak.py \
       --streams 16 --steps 300 --procs 4 --warmup_steps 150
+}
+
+# The container images, built with Debian's tools (mmdebstrap, podman) and no network once the
+# .debs are fetched (cached in /var/cache/samplerd-images), then run and checked: UID 65532,
+# read-only root, no capabilities, HEALTHCHECK SERVING, Sample over the socket, --backend=gpu
+# refused, SIGTERM exit 0 (deploy/docker/build_images.sh; cpu, rocm, and cuda when
+# /usr/local/cuda/bin/nvcc exists). SAMPLERD_SKIP_IMAGES=1 skips it (local runs; CI runs it).
+step_images() {
+  if [[ "${SAMPLERD_SKIP_IMAGES:-0}" == 1 ]]; then
+    echo "SAMPLERD_SKIP_IMAGES=1: images not built"
+    return "${SAMPLERD_SKIP}"
+  fi
+  deploy/docker/build_images.sh
 }
 
 # The step runner (lib.sh) calls this when a step fails; non-zero stops the run.
