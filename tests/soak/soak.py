@@ -218,6 +218,11 @@ def phase_saturation(args, tmp: str, checks: Checks, report: dict) -> None:
 def phase_drain(args, server: Server, tmp: str, checks: Checks, report: dict) -> None:
     print(f"== drain: SIGTERM under load (--grace_period={args.grace}s)", flush=True)
     clients = load_clients(args, tmp, server.target, "drain", 0, "drain")
+    # Two streams that never half-close: gRPC cancels them 0.5 s after the grace period.
+    clients.append(Client(tmp, "drain-hold", server.target, "--mode=drain", "--hold",
+                          "--streams=2", "--steps=0", f"--window={args.window}",
+                          "--first_stream=800000", f"--batch={args.batch}",
+                          f"--vocab={args.vocab}"))
     for c in clients:
         c.wait_progress(100, timeout=60)
     in_flight = snapshot(server.pid)

@@ -8,8 +8,9 @@ Modes:
   victim    as load, but prints "progress N" lines (as drain does) so that soak.py can SIGKILL it
             mid-stream.
   drain     as load until the server drains: after the first UNAVAILABLE step it sends no more
-            and half-closes; a stream ended by the server (UNAVAILABLE, CANCELLED) is a clear
-            error for every step it leaves unanswered.
+            and half-closes (with --hold it keeps the stream open, for the server to end); a
+            stream ended by the server (UNAVAILABLE, CANCELLED) is a clear error for every step
+            it leaves unanswered.
   saturate  as load with a large window and top-p sampling (slower steps; a reply is checked
             for B tokens in [0, V)), against a server with a small --max_inflight:
             RESOURCE_EXHAUSTED steps are expected, and the stream must stay open.
@@ -133,6 +134,8 @@ class StreamRun:
                 step += 1
                 if self.args.mode in ("victim", "drain") and step % 100 == 0:
                     print(f"progress {step}", flush=True)
+            if self.args.hold:
+                await asyncio.Event().wait()  # never half-close: the server ends the stream
             await call.done_writing()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             pass  # the stream ended; the reader accounts for what was in flight
@@ -255,6 +258,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=1000, help="per stream; 0 = until stopped")
     p.add_argument("--window", type=int, default=2, help="steps in flight per stream")
     p.add_argument("--first_stream", type=int, default=0, help="id of this process's first stream")
+    p.add_argument("--hold", action="store_true",
+                   help="drain mode: keep the stream open (no half-close) after the last step")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--seconds", type=float, default=600,
