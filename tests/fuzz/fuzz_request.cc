@@ -95,9 +95,20 @@ void CheckAnswer(const v1::SampleRequest& proto, const core::ValidatedBatch& bat
       }
     }
   }
-  for (const core::RowLogprobs& row : result.logprobs) {
-    for (int32_t id : row.top_ids) {
-      Check(id >= 0 && id < batch.vocab, absl::StrCat("top logprob id ", id, " out of range"));
+  // Top logprobs: real ids for a valid row, padded with -1 past V; all -1 for an invalid row.
+  if (result.logprobs.empty()) return;
+  Check(result.logprobs.size() == rows, "expected logprobs for every row");
+  const int64_t top_n = proto.logprobs().top_n();
+  for (size_t r = 0; r < rows; ++r) {
+    const std::vector<int32_t>& ids = result.logprobs[r].top_ids;
+    Check(static_cast<int64_t>(ids.size()) == top_n,
+          absl::StrCat("row ", r, ": ", ids.size(), " top logprobs, expected ", top_n));
+    const bool valid = result.row_status[r] == kernels::RowStatus::kOk;
+    for (int64_t i = 0; i < top_n; ++i) {
+      const bool real = valid && i < batch.vocab;
+      Check(real ? ids[i] >= 0 && ids[i] < batch.vocab : ids[i] == -1,
+            absl::StrCat("row ", r, " (status ", static_cast<int>(result.row_status[r]),
+                         "): top logprob id ", ids[i], " at ", i, ", V = ", batch.vocab));
     }
   }
 }
