@@ -150,7 +150,7 @@ void CheckStep(const v1::SampleStreamResponse& step, size_t i) {
     CheckError(absl::Status(static_cast<absl::StatusCode>(code), step.status().message()),
                {absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted,
                 absl::StatusCode::kNotFound, absl::StatusCode::kOutOfRange,
-                absl::StatusCode::kFailedPrecondition},
+                absl::StatusCode::kFailedPrecondition, absl::StatusCode::kPermissionDenied},
                absl::StrCat("step ", i));
     return;
   }
