@@ -16,7 +16,7 @@ cd "${SAMPLERD_ROOT}" || exit 1
 # To add one (GPU compile checks, Python and Go client tests, ...): write step_NAME, add NAME
 # here, and list what it needs in install_deps.sh.
 readonly ALL_STEPS=(deps build ctest buf-lint format shell-lint e2e python-client go-client
-  gpu_compile_checks cpp-install deploy asan tsan soak images)
+  gpu_compile_checks cpp-install deploy asan tsan fuzz soak images)
 
 step_deps() { deploy/local/install_deps.sh && echo "dependencies: all present"; }
 
@@ -220,6 +220,12 @@ step_tsan() {
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
     ctest --test-dir build/tsan --output-on-failure --no-tests=error -j2 -R "${tests}"
 }
+
+# The libFuzzer targets (tests/fuzz/README.md): request bytes through parse, convert, validate
+# and sampling; SampleStream's reactor over a stream of step messages; region registration
+# against real shm objects. Built with clang, ASan + UBSan, into build/fuzz; each runs 20 s from
+# its checked-in seeds (SAMPLERD_FUZZ_SECONDS); any finding fails the step.
+step_fuzz() { tests/fuzz/run_short.sh; }
 
 # sanitizer_build PRESET [TARGET...]: configures and builds build/PRESET (all targets when none
 # are named) with the shared build helper.
