@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing samplerd needs, and only what is missing:
 #   - Debian 12 packages: compiler, CMake, Ninja, shellcheck and clang-format (the test command's
-#     lint and format steps), gRPC/protobuf/Abseil, GoogleTest, benchmark, prometheus-cpp (metrics),
+#     lint and format steps), clang and its libFuzzer/sanitizer runtimes (the fuzz step), gRPC/protobuf/Abseil, GoogleTest, benchmark, prometheus-cpp (metrics),
 #     Python's grpcio/protobuf/numpy/pip (the Python client, its tests and packaging), Go 1.19
 #     with grpc-go and protobuf (the Go client; protobuf 1-5 named, or apt picks 1-3);
 #   - buf (proto lint, `buf curl`), from npm into the project-local, git-ignored .tools/.
@@ -15,6 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # The Debian packages (see shared TOOLCHAIN notes for why each one).
 readonly APT_PACKAGES=(
   g++ cmake ninja-build pkg-config ca-certificates perl shellcheck clang-format
+  clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev libcivetweb-dev openssl
   python3-grpcio python3-protobuf python3-numpy python3-pip python3-setuptools python3-wheel
