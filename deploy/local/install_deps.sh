@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing samplerd needs, and only what is missing:
 #   - Debian 12 packages: compiler, CMake, Ninja, shellcheck and clang-format (the test command's
-#     lint and format steps), clang and its libFuzzer/sanitizer runtimes (the fuzz step), gRPC/protobuf/Abseil, GoogleTest, benchmark, prometheus-cpp (metrics),
+#     lint and format steps), clang and its libFuzzer/sanitizer runtimes (the fuzz step),
+#     gRPC/protobuf/Abseil, GoogleTest, benchmark, prometheus-cpp (metrics),
 #     Python's grpcio/protobuf/numpy/pip (the Python client, its tests and packaging), Go 1.19
 #     with grpc-go and protobuf (the Go client; protobuf 1-5 named, or apt picks 1-3);
 #   - buf (proto lint, `buf curl`), from npm into the project-local, git-ignored .tools/.
