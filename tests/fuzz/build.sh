@@ -13,5 +13,5 @@ if [[ ! -f "${BUILD}/build.ninja" ]]; then
   cmake -S "${ROOT}/tests/fuzz" -B "${BUILD}" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 fi
-# One compile job at a time unless told otherwise: the machine is shared with other builds.
-ninja -C "${BUILD}" -j "${SAMPLERD_FUZZ_JOBS:-1}" "${@:-${TARGETS[@]}}"
+# SAMPLERD_FUZZ_JOBS: compile jobs (default: ninja's, one per core + 2).
+ninja -C "${BUILD}" ${SAMPLERD_FUZZ_JOBS:+-j "${SAMPLERD_FUZZ_JOBS}"} "${@:-${TARGETS[@]}}"
