@@ -56,7 +56,7 @@ class PeakSampler:
 
     def __init__(self, pid: int, period: float = 0.1) -> None:
         self.pid, self.period = pid, period
-        self.peak = snapshot(pid)
+        self.peak = {k: v for k, v in snapshot(pid).items() if isinstance(v, int)}
         self.samples = 0
         self.rss_series = []  # (seconds since start, RSS KiB) of every sample
         self._stop = threading.Event()
