@@ -173,6 +173,8 @@ void ToProto(const core::RegionInfo& in, v1::RegionInfo* out) {
                                                      : v1::REGION_KIND_HOST_SHM);
   out->set_byte_size(in.byte_size);
   out->set_device(in.device);
+  out->set_owner_pid(in.owner_pid);
+  out->set_owner_watched(in.owner_watched);
 }
 
 void ToProto(const core::ServerInfo& in, int64_t max_message_bytes,

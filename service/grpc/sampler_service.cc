@@ -14,16 +14,18 @@ namespace {
 using metrics::Method;
 
 absl::StatusOr<core::RegionInfo> Register(core::RegionRegistry* regions,
-                                          const v1::RegisterRegionRequest& request) {
+                                          const v1::RegisterRegionRequest& request,
+                                          int64_t owner_pid) {
   switch (request.kind_case()) {
     case v1::RegisterRegionRequest::kHostShm: {
       const v1::HostShmRegion& shm = request.host_shm();
-      return regions->RegisterHostShm(request.name(), shm.key(), shm.offset(), shm.byte_size());
+      return regions->RegisterHostShm(request.name(), shm.key(), shm.offset(), shm.byte_size(),
+                                      owner_pid);
     }
     case v1::RegisterRegionRequest::kGpuIpc: {
       const v1::GpuIpcRegion& ipc = request.gpu_ipc();
       return regions->RegisterGpuIpc(request.name(), ipc.memory_handle(), ipc.offset(),
-                                     ipc.byte_size(), ipc.device());
+                                     ipc.byte_size(), ipc.device(), owner_pid);
     }
     case v1::RegisterRegionRequest::KIND_NOT_SET:
       break;
@@ -33,6 +35,20 @@ absl::StatusOr<core::RegionInfo> Register(core::RegionRegistry* regions,
 }
 
 }  // namespace
+
+SamplerServiceImpl::SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions,
+                                       int64_t max_message_bytes, metrics::SamplerMetrics* metrics,
+                                       const PeerTable* peers)
+    : core_(core),
+      allow_remote_regions_(allow_remote_regions),
+      max_message_bytes_(max_message_bytes),
+      metrics_(metrics),
+      peers_(peers) {
+  // An owner's exit unregisters regions behind the service's back: recount them.
+  core_->regions().SetOwnerExitListener([this](int64_t, int) { UpdateRegionGauges(); });
+}
+
+SamplerServiceImpl::~SamplerServiceImpl() { core_->regions().SetOwnerExitListener(nullptr); }
 
 void SamplerServiceImpl::Finish(RawUnaryCall* call, Method method, grpc::Status status) {
   if (metrics_ != nullptr) {
@@ -110,7 +126,8 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::RegisterRegion(grpc::CallbackServe
     Finish(call, Method::kRegisterRegion, ToGrpcStatus(status));
     return call;
   }
-  absl::StatusOr<core::RegionInfo> info = Register(&core_->regions(), call->request);
+  const int64_t owner_pid = peers_ != nullptr ? peers_->PidOf(context->peer()) : 0;
+  absl::StatusOr<core::RegionInfo> info = Register(&core_->regions(), call->request, owner_pid);
   if (!info.ok()) {
     Finish(call, Method::kRegisterRegion, ToGrpcStatus(info.status()));
     return call;

@@ -9,6 +9,7 @@
 
 #include "samplerd/v1/sampler.grpc.pb.h"
 #include "service/core/sampler_core.h"
+#include "service/grpc/peer.h"
 #include "service/grpc/raw_message.h"
 #include "service/metrics/sampler_metrics.h"
 
@@ -17,7 +18,9 @@ namespace samplerd::grpc_transport {
 // Region RPCs (and requests that name a region) are served to unix-socket clients, and to TCP
 // clients only with `allow_remote_regions` (peer.h); others get PERMISSION_DENIED. Registration
 // maps the memory on the calling gRPC thread (a few system calls for host shm, a runtime call
-// for GPU IPC): rare, and never on the sampling path.
+// for GPU IPC): rare, and never on the sampling path. A region registered over a unix socket
+// is bound to the calling process (its pid from `peers`): the registry releases it when that
+// process exits. Over TCP it has no owner and stays until UnregisterRegion.
 //
 // With metrics, every answered call is counted by method and code (samplerd_requests_total;
 // SampleStream per step) and the region gauges follow registrations.
@@ -35,14 +38,12 @@ using RawSamplerService = v1::SamplerService::WithRawCallbackMethod_Sample<
 
 class SamplerServiceImpl final : public RawSamplerService {
  public:
-  // `core` must outlive the service and every call on it; so must `metrics` (null: none).
+  // `core` must outlive the service and every call on it; so must `metrics` (null: none) and
+  // `peers` (null: no caller is known, and regions are registered without an owner).
   // `max_message_bytes` is the server's message size limit, which GetServerInfo reports.
   SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions, int64_t max_message_bytes,
-                     metrics::SamplerMetrics* metrics = nullptr)
-      : core_(core),
-        allow_remote_regions_(allow_remote_regions),
-        max_message_bytes_(max_message_bytes),
-        metrics_(metrics) {}
+                     metrics::SamplerMetrics* metrics = nullptr, const PeerTable* peers = nullptr);
+  ~SamplerServiceImpl() override;
 
   // Each unary method: a samplerd.v1 request in `request`, its response written to `response`.
   grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
@@ -79,6 +80,7 @@ class SamplerServiceImpl final : public RawSamplerService {
   const bool allow_remote_regions_;
   const int64_t max_message_bytes_;
   metrics::SamplerMetrics* const metrics_;
+  const PeerTable* const peers_;
   std::mutex regions_gauge_mu_;  // orders recounts, so that the last one set wins
 };
 

@@ -2,62 +2,12 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <sys/stat.h>
 
-#include <cerrno>
-#include <cstring>
-
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace samplerd::grpc_transport {
-namespace {
-
-constexpr char kUnixScheme[] = "unix:";
-constexpr char kUnixAbstractScheme[] = "unix-abstract:";
-
-bool IsUnixPath(const std::string& address) { return absl::StartsWith(address, kUnixScheme); }
-
-// The filesystem path of a "unix:" address, read as gRPC reads it: "unix:PATH" (relative to the
-// working directory, or absolute) or "unix:///ABSOLUTE/PATH". Errors: INVALID_ARGUMENT for an
-// empty path or an authority ("unix://host/...", which gRPC refuses too).
-absl::StatusOr<std::string> UnixSocketPath(const std::string& address) {
-  absl::string_view rest = absl::string_view(address).substr(sizeof(kUnixScheme) - 1);
-  if (absl::ConsumePrefix(&rest, "//") && !absl::StartsWith(rest, "/")) rest = {};
-  if (rest.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected a unix socket address unix:PATH or unix:///ABSOLUTE/PATH (e.g. "
-                     "unix:///run/samplerd/samplerd.sock), got '",
-                     address, "'"));
-  }
-  return std::string(rest);
-}
-
-// Creates the directories above the socket at `path` (mode 0750) when missing.
-absl::Status MakeSocketDirectory(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos || slash == 0) return absl::OkStatus();  // cwd or "/"
-  const std::string dir = path.substr(0, slash);
-  struct stat st;
-  if (stat(dir.c_str(), &st) == 0) return absl::OkStatus();
-  // Create parents one by one.
-  for (size_t pos = 1; pos <= dir.size(); ++pos) {
-    if (pos == dir.size() || dir[pos] == '/') {
-      const std::string prefix = dir.substr(0, pos);
-      if (mkdir(prefix.c_str(), 0750) != 0 && errno != EEXIST) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "expected to create the socket directory ", prefix, ", got: ", std::strerror(errno)));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const ServerOptions& options,
                                                                     core::SamplerCore* core) {
@@ -76,22 +26,23 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
   std::unique_ptr<SamplerServer> server(new SamplerServer(core, options));
   grpc::ServerBuilder builder;
   std::vector<int> ports(options.listen.size(), 0);
-  std::vector<std::string> socket_paths;
+  std::vector<std::string> unix_addresses;
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
     if (address.empty()) {
       return absl::InvalidArgumentError("expected a non-empty --listen address, got ''");
     }
-    if (IsUnixPath(address)) {
-      absl::StatusOr<std::string> path = UnixSocketPath(address);
-      if (!path.ok()) return path.status();
-      absl::Status made = MakeSocketDirectory(*path);
-      if (!made.ok()) return made;
-      socket_paths.push_back(*std::move(path));
+    if (IsUnixAddress(address)) {
+      unix_addresses.push_back(address);  // accepted by UnixListener, not by gRPC
+    } else {
+      builder.AddListeningPort(address, *tcp_credentials, &ports[i]);
     }
-    const bool unix_socket = IsUnixPath(address) || absl::StartsWith(address, kUnixAbstractScheme);
-    builder.AddListeningPort(
-        address, unix_socket ? grpc::InsecureServerCredentials() : *tcp_credentials, &ports[i]);
+  }
+  if (!unix_addresses.empty()) {
+    absl::StatusOr<std::unique_ptr<UnixListener>> unix_listener =
+        UnixListener::Bind(unix_addresses, kUnixSocketMode);
+    if (!unix_listener.ok()) return unix_listener.status();
+    server->unix_listener_ = *std::move(unix_listener);
   }
   builder.RegisterService(&server->service_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -125,20 +76,12 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
     server->health_ = *std::move(health);
   }
   server->SetServing(false);
-  // gRPC binds sockets with mode 0777 minus the umask; narrow them to owner and group. Connecting
-  // needs write permission, so under the usual umask 022 only the owner can connect meanwhile.
-  for (const std::string& path : socket_paths) {
-    if (chmod(path.c_str(), kUnixSocketMode) != 0) {
-      const int error = errno;
-      server->Shutdown(absl::Now());
-      return absl::FailedPreconditionError(
-          absl::StrCat("expected to restrict the socket ", path,
-                       " to its owner and group (mode 0660), got: ", std::strerror(error)));
-    }
+  if (server->unix_listener_ != nullptr) {
+    server->unix_listener_->Start(server->server_.get(), &server->peers_);
   }
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
-    if (IsUnixPath(address) || absl::StartsWith(address, kUnixAbstractScheme)) {
+    if (IsUnixAddress(address)) {
       server->bound_.push_back(address);  // as given: there is no port to resolve
     } else {
       const size_t colon = address.rfind(':');
@@ -156,6 +99,7 @@ void SamplerServer::SetServing(bool serving) {
 }
 
 void SamplerServer::Shutdown(absl::Time deadline) {
+  if (unix_listener_ != nullptr) unix_listener_->Stop();  // no new unix connections
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
   if (health_ != nullptr) health_->Shutdown(absl::Now());

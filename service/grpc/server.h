@@ -1,5 +1,6 @@
-// Builds and runs the gRPC server: listeners (TLS on TCP when configured), SamplerService,
-// health (also on an optional health-only TCP port), reflection, keepalive.
+// Builds and runs the gRPC server: listeners (TLS on TCP when configured; unix sockets accepted
+// by UnixListener, which knows each client's pid), SamplerService, health (also on an optional
+// health-only TCP port), reflection, keepalive.
 #ifndef SAMPLERD_SERVICE_GRPC_SERVER_H_
 #define SAMPLERD_SERVICE_GRPC_SERVER_H_
 
@@ -15,6 +16,7 @@
 #include "service/grpc/health_server.h"
 #include "service/grpc/sampler_service.h"
 #include "service/grpc/tls_credentials.h"
+#include "service/grpc/unix_listener.h"
 #include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::grpc_transport {
@@ -73,10 +75,15 @@ class SamplerServer {
 
  private:
   SamplerServer(core::SamplerCore* core, const ServerOptions& options)
-      : service_(core, options.allow_remote_regions, options.max_message_bytes, options.metrics) {}
+      : service_(core, options.allow_remote_regions, options.max_message_bytes, options.metrics,
+                 &peers_) {}
 
+  PeerTable peers_;  // before service_, which looks callers up in it
   SamplerServiceImpl service_;
   std::unique_ptr<grpc::Server> server_;
+  // The unix addresses of `listen` (null: none). After server_: its thread, which feeds
+  // server_, stops first.
+  std::unique_ptr<UnixListener> unix_listener_;
   std::unique_ptr<HealthServer> health_;
   std::vector<std::string> bound_;
 };

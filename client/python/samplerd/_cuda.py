@@ -280,6 +280,8 @@ class CudaIpc:
         each process unregisters those whose pid no longer exists. Only a dead pid counts: a
         live one (even another process's) is left alone, and pids are seen in this process's
         namespace, which GPU IPC shares with the other producers of the server anyway.
+        A current server releases a dead owner's regions itself (RegionInfo.owner_watched), so
+        this finds them only on older servers or for registrations the server could not watch.
         """
         if _REAPED.is_set():
             return

@@ -5,7 +5,8 @@
 // count its users. The close of a region is *claimed* exactly once, under `mu`, by whoever sees
 // it unregistered with no lease left: Unregister closes at once, the release of a request's last
 // lease hands it to the closer thread (never closing on the request's own thread), CloseAll
-// closes what is left.
+// closes what is left. An owner's exit (OwnerWatcher's thread) retires its regions as
+// Unregister would.
 #include "service/core/regions/region_registry.h"
 
 #include <condition_variable>
@@ -23,6 +24,7 @@
 #include "service/core/model/status_macros.h"
 #include "service/core/regions/host_shm.h"
 #include "service/core/regions/ipc_handle.h"
+#include "service/core/regions/owner_watcher.h"
 
 namespace samplerd::core {
 namespace regions_internal {
@@ -79,9 +81,10 @@ absl::Status Taken(absl::string_view name) {
 struct RegionLease::Holder {
   std::shared_ptr<RegionRegistry::State> state;
   RegionInfo info;
-  RegionView view;     // the whole region
-  HostShmMapping shm;  // kHostShm
-  IpcKey ipc;          // kGpuIpc
+  RegionView view;           // the whole region
+  HostShmMapping shm;        // kHostShm
+  IpcKey ipc;                // kGpuIpc
+  uint64_t owner_token = 0;  // OwnerWatcher's token; 0: unwatched
   // Guarded by state->mu.
   int64_t leases = 0;
   bool registered = true;
@@ -92,7 +95,51 @@ struct RegionRegistry::State {
   using Holder = RegionLease::Holder;
 
   State(RegionOptions o, GpuIpc* i, std::vector<IpcDevice> d)
-      : options(std::move(o)), ipc(i), devices(std::move(d)) {}
+      : options(std::move(o)),
+        ipc(i),
+        devices(std::move(d)),
+        watcher([this](uint64_t token) { OnOwnerExit(token); }) {}
+
+  // Takes `holder` out of use after its removal from `registered` (mu held): stops watching its
+  // owner, and returns it when the caller must close it now (no lease), else keeps it in
+  // `retired` for the last lease's release to close.
+  std::shared_ptr<Holder> RetireLocked(std::shared_ptr<Holder> holder) {
+    holder->registered = false;
+    if (holder->owner_token != 0) watcher.Unwatch(holder->owner_token);
+    if (holder->leases == 0) {
+      holder->close_claimed = true;
+      return holder;
+    }
+    retired.insert(std::move(holder));
+    return nullptr;
+  }
+
+  // The watcher's report: the owner behind `token` exited; retire every region it holds.
+  void OnOwnerExit(uint64_t token) {
+    std::vector<std::shared_ptr<Holder>> close_now;
+    int64_t pid = 0;
+    int released = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto it = registered.begin(); it != registered.end();) {
+        if (it->second->owner_token != token) {
+          ++it;
+          continue;
+        }
+        std::shared_ptr<Holder> holder = std::move(it->second);
+        it = registered.erase(it);
+        pid = holder->info.owner_pid;
+        holder->owner_token = 0;  // the watch is gone already: no Unwatch
+        ++released;
+        if (std::shared_ptr<Holder> now = RetireLocked(std::move(holder))) {
+          close_now.push_back(std::move(now));
+        }
+      }
+    }
+    for (const std::shared_ptr<Holder>& holder : close_now) Close(*holder);
+    std::lock_guard<std::mutex> lock(listener_mu);  // SetOwnerExitListener waits for this call
+    if (owner_exit_listener && released > 0) owner_exit_listener(pid, released);
+  }
 
   // Starts the closer thread unless it runs (mu held).
   void EnsureCloserLocked() {
@@ -159,8 +206,15 @@ struct RegionRegistry::State {
   std::thread closer;
   uint64_t closer_generation = 0;  // CloseAll increments it to stop the running closer
 
+  std::mutex listener_mu;  // held while the listener runs; never taken under mu
+  std::function<void(int64_t, int)> owner_exit_listener;
+
   std::mutex ipc_mu;  // held across OpenMemory/CloseMemory: one open per (ordinal, handle)
   std::map<IpcKey, IpcOpen> opens;
+
+  // Last: its thread calls OnOwnerExit, which uses the members above. Order: mu, then the
+  // watcher's own lock (Watch and Unwatch are called under mu; OnOwnerExit runs without it).
+  OwnerWatcher watcher;
 };
 
 // ---- RegionLease -------------------------------------------------------------------------------
@@ -212,17 +266,31 @@ RegionRegistry::RegionRegistry(RegionOptions options, GpuIpc* ipc, std::vector<I
 
 RegionRegistry::~RegionRegistry() { CloseAll(); }
 
-absl::Status RegionRegistry::Insert(std::shared_ptr<RegionLease::Holder> holder) {
+absl::Status RegionRegistry::Insert(std::shared_ptr<RegionLease::Holder> holder,
+                                    int64_t owner_pid) {
   std::lock_guard<std::mutex> lock(state_->mu);
   const std::string& name = holder->info.name;
-  if (!state_->registered.emplace(name, holder).second) return Taken(name);
+  if (state_->registered.count(name) != 0) return Taken(name);
+  holder->info.owner_pid = owner_pid > 0 ? owner_pid : 0;
+  if (owner_pid > 0) {
+    // Under mu: an exit reported at once (a dead owner) finds the region registered.
+    absl::StatusOr<uint64_t> token = state_->watcher.Watch(owner_pid);
+    holder->owner_token = token.ok() ? *token : 0;
+    holder->info.owner_watched = token.ok();
+  }
+  state_->registered.emplace(name, holder);
   state_->EnsureCloserLocked();
   return absl::OkStatus();
 }
 
+void RegionRegistry::SetOwnerExitListener(std::function<void(int64_t pid, int released)> listener) {
+  std::lock_guard<std::mutex> lock(state_->listener_mu);
+  state_->owner_exit_listener = std::move(listener);
+}
+
 absl::StatusOr<RegionInfo> RegionRegistry::RegisterHostShm(const std::string& name,
                                                            const std::string& key, uint64_t offset,
-                                                           uint64_t byte_size) {
+                                                           uint64_t byte_size, int64_t owner_pid) {
   RETURN_IF_ERROR(ValidateName(name));
   RETURN_IF_ERROR(ValidateShmKey(key, state_->options.shm_prefix));
   {
@@ -235,7 +303,7 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterHostShm(const std::string& na
   holder->info = RegionInfo{name, RegionKind::kHostShm, byte_size, ""};
   holder->view = RegionView{RegionKind::kHostShm, shm.data, byte_size, -1, shm.writable};
   holder->shm = shm;
-  absl::Status inserted = Insert(holder);
+  absl::Status inserted = Insert(holder, owner_pid);
   if (!inserted.ok()) {
     UnmapHostShm(shm);
     return inserted;
@@ -246,7 +314,8 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterHostShm(const std::string& na
 absl::StatusOr<RegionInfo> RegionRegistry::RegisterGpuIpc(const std::string& name,
                                                           const std::string& handle,
                                                           uint64_t offset, uint64_t byte_size,
-                                                          const std::string& device) {
+                                                          const std::string& device,
+                                                          int64_t owner_pid) {
   RETURN_IF_ERROR(ValidateName(name));
   ASSIGN_OR_RETURN(const IpcHandle parsed, ParseIpcMemoryHandle(handle));
   if (byte_size == 0) return absl::InvalidArgumentError("expected gpu_ipc.byte_size >= 1, got 0");
@@ -298,7 +367,7 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterGpuIpc(const std::string& nam
   holder->view = RegionView{RegionKind::kGpuIpc, static_cast<uint8_t*>(mapping.base) + offset,
                             byte_size, match->ordinal, /*writable=*/true};
   holder->ipc = key;
-  absl::Status inserted = Insert(holder);
+  absl::Status inserted = Insert(holder, owner_pid);
   if (!inserted.ok()) {
     state_->ReleaseIpc(key);
     return inserted;
@@ -315,13 +384,7 @@ absl::Status RegionRegistry::Unregister(const std::string& name) {
     if (it == state_->registered.end()) return NotRegistered(name);
     std::shared_ptr<RegionLease::Holder> holder = std::move(it->second);
     state_->registered.erase(it);
-    holder->registered = false;
-    if (holder->leases == 0) {
-      holder->close_claimed = true;
-      close_now = std::move(holder);
-    } else {
-      state_->retired.insert(std::move(holder));  // the last lease's release closes it
-    }
+    close_now = state_->RetireLocked(std::move(holder));  // else the last lease's release
   }
   if (close_now != nullptr) state_->Close(*close_now);
   return absl::OkStatus();
@@ -355,6 +418,7 @@ absl::StatusOr<RegionLease> RegionRegistry::Acquire(const std::string& name, uin
 }
 
 void RegionRegistry::CloseAll() {
+  state_->watcher.Stop();  // no owner exit retires anything from here on
   std::vector<std::shared_ptr<RegionLease::Holder>> closing;
   std::thread closer;
   {

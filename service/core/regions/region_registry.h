@@ -9,11 +9,16 @@
 // opened once per (device, handle), refcounted across region names; an unregister while
 // requests hold the region defers the close to the last release; closes never run on the
 // request path; CloseAll() at shutdown. Error messages never echo keys or handles.
+//
+// Owners (issue #12): a region registered with an owner pid is released when that process
+// exits, as if it had unregistered it (the deferred close included), through an OwnerWatcher.
+// A region without an owner (TCP, or a pid the server cannot see) stays until Unregister.
 // Thread-safe.
 #ifndef SAMPLERD_SERVICE_CORE_REGIONS_REGION_REGISTRY_H_
 #define SAMPLERD_SERVICE_CORE_REGIONS_REGION_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +36,10 @@ struct RegionInfo {
   RegionKind kind = RegionKind::kHostShm;
   uint64_t byte_size = 0;
   std::string device;  // PCI bus id of a GPU region; empty for host shm
+  // The process that registered it (0: unknown, e.g. over TCP), and whether its exit releases
+  // the region (a pidfd watches it).
+  int64_t owner_pid = 0;
+  bool owner_watched = false;
 };
 
 // Where a region's bytes are, for the duration of a lease.
@@ -84,30 +93,42 @@ class RegionRegistry {
   RegionRegistry(RegionOptions options, GpuIpc* ipc, std::vector<IpcDevice> devices);
   ~RegionRegistry();  // CloseAll()
 
+  // `owner_pid` > 0 binds the region to that process: its exit releases the region. When the
+  // process cannot be watched (it is gone already, no pidfd_open), the region is registered
+  // unwatched (RegionInfo::owner_watched false) and stays until Unregister.
   absl::StatusOr<RegionInfo> RegisterHostShm(const std::string& name, const std::string& key,
-                                             uint64_t offset, uint64_t byte_size);
+                                             uint64_t offset, uint64_t byte_size,
+                                             int64_t owner_pid = 0);
   // `handle` is the raw bytes sent by the client (64, or PyTorch's 66-byte form); `device` a
-  // PCI bus id or UUID (matched like request devices).
+  // PCI bus id or UUID (matched like request devices). `owner_pid` as above.
   absl::StatusOr<RegionInfo> RegisterGpuIpc(const std::string& name, const std::string& handle,
                                             uint64_t offset, uint64_t byte_size,
-                                            const std::string& device);
+                                            const std::string& device, int64_t owner_pid = 0);
   absl::Status Unregister(const std::string& name);
   std::vector<RegionInfo> List() const;  // sorted by name
+
+  // Called on the watcher's thread after an owner's exit released `released` regions of
+  // process `pid`, e.g. to recount the region gauges; it may call List(). Null: nothing.
+  // Replaces the previous listener, waiting for a call of it in progress: set it to null
+  // before what it refers to goes away.
+  void SetOwnerExitListener(std::function<void(int64_t pid, int released)> listener);
 
   // A lease on [offset, offset + bytes) of region `name`: NOT_FOUND, or OUT_OF_RANGE when the
   // slice does not fit (overflow-safe). The view covers exactly the slice.
   absl::StatusOr<RegionLease> Acquire(const std::string& name, uint64_t offset,
                                       uint64_t bytes) const;
 
-  // Closes every mapping (waiting for none: call after the executors have drained).
+  // Stops watching owners, then closes every mapping (waiting for none: call after the
+  // executors have drained).
   void CloseAll();
 
  private:
   friend class RegionLease;
   struct State;  // region_registry.cc; shared with the leases so that a late release stays safe
 
-  // Adds `holder` under its name, or ALREADY_EXISTS (the caller then closes it).
-  absl::Status Insert(std::shared_ptr<RegionLease::Holder> holder);
+  // Adds `holder` under its name, watching `owner_pid` when > 0 (RegionInfo's owner fields are
+  // set here), or ALREADY_EXISTS (the caller then closes it).
+  absl::Status Insert(std::shared_ptr<RegionLease::Holder> holder, int64_t owner_pid);
 
   std::shared_ptr<State> state_;
 };
