@@ -16,8 +16,13 @@ readonly SECONDS_EACH="${SAMPLERD_FUZZ_SECONDS:-20}"
 targets=("$@")
 ((${#targets[@]})) || targets=(fuzz_request fuzz_stream fuzz_regions)
 
-"${ROOT}/tests/fuzz/build.sh" "${targets[@]}" | tail -n 1 || exit 1
 mkdir -p "${WORK}/artifacts"
+if ! "${ROOT}/tests/fuzz/build.sh" "${targets[@]}" >"${WORK}/build.log" 2>&1; then
+  tail -n 40 "${WORK}/build.log"
+  echo "the fuzz targets did not build (log ${WORK#"${ROOT}"/}/build.log)"
+  exit 1
+fi
+tail -n 1 "${WORK}/build.log"
 rc=0
 for t in "${targets[@]}"; do
   # A fresh corpus per run: what it grows is thrown away; the seeds are read, never written.
