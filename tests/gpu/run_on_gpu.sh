@@ -26,6 +26,9 @@
 #                         tokens vs the CPU server; bad ranges and handles; unregister in flight
 #   ipc_torch             ipc_producer.py: PyTorch tensors shared by _share_cuda_(), ready and
 #                         done events, tokens vs the CPU server (Python stubs from ./py)
+#   ipc_owner             ipc_owner_kill.py: a producer's GPU IPC and host shm regions, owned by
+#                         its pid, are released within 1 s of its SIGKILL (fds, shm mappings and
+#                         GPU memory back to baseline)
 #   pyclient_cuda         python_client_cuda.py: the Python client with CUDA tensors (GPU IPC regions
 #                         cached per allocation, ready events, fallbacks), tokens vs the CPU server
 #   device_session        device_session_cuda.py: device sessions (host and GPU plane; eager, CUDA
@@ -321,8 +324,10 @@ if selected server || selected example || selected ipc || selected pyclient ||
         "--gtest_output=xml:$RESULTS/ipc_raw.xml"
       run_step ipc_torch "$STEP_TIMEOUT" python3 -u "$HERE/ipc_producer.py" \
         --gpu "$GPU_TARGET" --cpu "$CPU_TARGET" --stubs "$HERE/py"
+      run_step ipc_owner "$STEP_TIMEOUT" python3 -u "$HERE/ipc_owner_kill.py" \
+        --gpu "$GPU_TARGET" --server-pid "$GPU_PID" --stubs "$HERE/py"
     else
-      for name in ipc_raw ipc_torch; do
+      for name in ipc_raw ipc_torch ipc_owner; do
         echo "not run: both servers are needed" >"$RESULTS/$name.log"
         record "$name" FAIL 0 "not run: both servers are needed"
       done
