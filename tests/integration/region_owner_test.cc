@@ -3,7 +3,8 @@
 // regions are gone within 1 s, and the server's mappings of the shm objects (/proc/PID/maps)
 // and its descriptors (/proc/PID/fd) return to their baseline. A request in flight on a dead
 // owner's region still completes, and the region is unmapped after it. Explicit unregister
-// still works; ListRegions names each region's owner; over TCP a region has no owner.
+// still works; ListRegions names each region's owner, and the region gauge follows; over TCP a
+// region has no owner.
 // The producer is region_owner_producer.cc (REGION_OWNER_PRODUCER).
 #include <fcntl.h>
 #include <poll.h>
@@ -204,6 +205,7 @@ TEST_F(RegionOwner, KilledProducersRegionsAreGoneWithinOneSecondWithTheirMapping
     EXPECT_TRUE(r.owner_watched()) << r.name();
   }
   for (const auto& object : objects) EXPECT_EQ(Mappings(server_pid, object->key()), 1);
+  EXPECT_EQ(SeriesValue(ScrapeMetrics(port_), "samplerd_regions{kind=\"host_shm\"}"), 3);
   EXPECT_GT(FdCount(server_pid), baseline_fds_);  // the producer's connection and its pidfd
 
   producer.Kill();
@@ -220,6 +222,14 @@ TEST_F(RegionOwner, KilledProducersRegionsAreGoneWithinOneSecondWithTheirMapping
       milliseconds(1000));
   EXPECT_LE(unmapped, milliseconds(1000)) << "the server still maps the objects";
   ExpectFdsAtBaseline();
+  // The region gauge follows releases the client did not ask for (recounted just after them).
+  EXPECT_LE(WaitFor(
+                [&] {
+                  return SeriesValue(ScrapeMetrics(port_), "samplerd_regions{kind=\"host_shm\"}") ==
+                         0;
+                },
+                milliseconds(1000)),
+            milliseconds(1000));
   std::cout << "[ measured ] regions gone " << gone.count() << " ms after SIGKILL, unmapped "
             << unmapped.count() << " ms after\n";
 }
