@@ -210,12 +210,13 @@ step_asan() {
 }
 
 # ThreadSanitizer (preset tsan: build/tsan): the threaded parts of the core, the executor, the
-# thread pool, the region registry and the drain's cancel (only samplerd_core_test is built). A
-# report fails the step (halt_on_error). SampleStream's reactor is not run here: Debian's gRPC is
-# not built with TSan, so its own locking is invisible and every call reads as racy.
+# thread pool, the region registry and its owner watcher, and the drain's cancel (only
+# samplerd_core_test is built). A report fails the step (halt_on_error). SampleStream's reactor
+# is not run here: Debian's gRPC is not built with TSan, so its own locking is invisible and
+# every call reads as racy.
 step_tsan() {
   local tests='^(Executor|ThreadPool|HostRegions|GpuRegions|GpuRegionsWithoutIpc'
-  tests+='|SamplerCoreCancel)\.'
+  tests+='|SamplerCoreCancel|OwnerWatcher|RegistryOwners)\.'
   sanitizer_build tsan samplerd_core_test || return
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
     ctest --test-dir build/tsan --output-on-failure --no-tests=error -j2 -R "${tests}"
