@@ -16,9 +16,10 @@
 #               only step that uses the network, and only when the package list changed (or
 #               SAMPLERD_IMAGES_REFRESH=1, to pick up Debian updates).
 # 3. base       mmdebstrap --variant=minbase from the local repository with no network (unshare
-#               --net, and --mount so that no mount outlives it): a debian:12-slim-like root (merged /usr; no docs, man pages or locales;
-#               apt keeps no .debs or caches in a layer; deb.debian.org in its sources), imported
-#               as debian:12-slim and debian:12.
+#               --net, and --mount so that no mount outlives it): a debian:12-slim-like root
+#               (merged /usr; no docs, man pages or locales; apt keeps no .debs or caches in a
+#               layer; deb.debian.org in its sources), imported as debian:12-slim and debian:12.
+#               The tarball is cached too (same inputs, same root).
 # 4. build      `podman build --format docker --network none` (HEALTHCHECK needs the docker format)
 #               with the local repository mounted over the image's apt sources, at nice 10 and
 #               SAMPLERD_IMAGE_JOBS (default 2) compile jobs.
@@ -105,7 +106,8 @@ step_packages() {
   local includes="${include[*]}"
   IFS="${IFS_SAVE}"
   # (A mount namespace of its own: mounts that a failing mmdebstrap leaves die with it.)
-  logged fetch unshare --mount --propagation private -- mmdebstrap --mode=root --variant=minbase --skip=essential/unlink \
+  logged fetch unshare --mount --propagation private -- \
+    mmdebstrap --mode=root --variant=minbase --skip=essential/unlink \
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr --include="${includes}" \
     --customize-hook="sync-out /var/cache/apt/archives ${fetch}/debs" \
     --customize-hook="sync-out /var/lib/apt/lists ${fetch}/lists" \
@@ -120,10 +122,13 @@ make_repository() {
   local fetch="$1" repo="${IMAGES_REPO}.new"
   rm -rf "${repo}" && mkdir -p "${repo}" || return
   find "${fetch}/debs" -maxdepth 1 -name '*.deb' -exec mv -t "${repo}" {} + || return
-  awk '/^Package: /{p = $2} /^Priority: /{r = $2} /^Section: /{s = $2}
+  awk 'BEGIN{r = "optional"; s = "misc"}
+       /^Package: /{p = $2} /^Priority: /{r = $2} /^Section: /{s = $2}
        /^$/{if (p != "") print p, r, s; p = ""; r = "optional"; s = "misc"}' \
-    "${fetch}"/lists/*_Packages | sort -u -k1,1 >"${fetch}/override" || return
-  (cd "${repo}" && apt-ftparchive packages . "${fetch}/override" >Packages 2>"${fetch}/ftparchive.log" &&
+    <(/usr/lib/apt/apt-helper cat-file "${fetch}"/lists/*_Packages*) |  # (any compression)
+    sort -u -k1,1 >"${fetch}/override" || return
+  (cd "${repo}" &&
+    apt-ftparchive packages . "${fetch}/override" >Packages 2>"${fetch}/ftparchive.log" &&
     apt-ftparchive -o APT::FTPArchive::Release::Suite="${SUITE}" \
       -o APT::FTPArchive::Release::Codename="${SUITE}" release . >"${fetch}/Release" &&
     mv "${fetch}/Release" Release) || return
@@ -165,23 +170,39 @@ EOF
     >"${IMAGES_WORK}/local.sources"
 }
 
+# The base root as a tarball, cached in IMAGES_CACHE under a key of everything it is made from
+# (the repository's index, the files added, this function), so that a warm run only imports it.
 step_base() {
   write_base_files || return
-  local -a slim=(--dpkgopt='path-exclude=/usr/share/doc/*'
-    --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/man/*'
-    --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*'
-    --dpkgopt='path-include=/usr/share/locale/locale.alias')
-  # shellcheck disable=SC2016  # $1 is the hook's argument (the root), expanded by mmdebstrap.
-  logged base unshare --net --mount --propagation private -- mmdebstrap --mode=root --variant=minbase --format=tar \
-    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
-    --hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount "${slim[@]}" \
-    --customize-hook='rm -f "$1"/etc/apt/sources.list' \
-    --customize-hook="cp -a ${IMAGES_WORK}/base-files/. \"\$1\"/" \
-    "${SUITE}" "${IMAGES_WORK}/base.tar" "deb [trusted=yes] file://${IMAGES_REPO} ./" || return
-  logged import images::podman import --change 'CMD ["bash"]' "${IMAGES_WORK}/base.tar" \
+  local key tar
+  key="$(cat "${IMAGES_REPO}/Packages" <(find "${IMAGES_WORK}/base-files" -type f -exec cat {} +) \
+    <(declare -f step_base) | sha256sum | cut -c1-16)"
+  tar="${IMAGES_CACHE}/base-${key}.tar"
+  if [[ -f "${tar}" ]]; then
+    images::log "base: cached ${tar}"
+  else
+    local -a slim=(--dpkgopt='path-exclude=/usr/share/doc/*'
+      --dpkgopt='path-include=/usr/share/doc/*/copyright'
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
+      --dpkgopt='path-exclude=/usr/share/locale/*'
+      --dpkgopt='path-include=/usr/share/locale/locale.alias')
+    rm -f "${IMAGES_CACHE}"/base-*.tar
+    # shellcheck disable=SC2016  # $1 is the hook's argument (the root), expanded by mmdebstrap.
+    if ! logged base unshare --net --mount --propagation private -- \
+      mmdebstrap --mode=root --variant=minbase --format=tar \
+      --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+      --hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount "${slim[@]}" \
+      --customize-hook='rm -f "$1"/etc/apt/sources.list' \
+      --customize-hook="cp -a ${IMAGES_WORK}/base-files/. \"\$1\"/" \
+      "${SUITE}" "${tar}.new" "deb [trusted=yes] file://${IMAGES_REPO} ./"; then
+      rm -f "${tar}.new"
+      return 1
+    fi
+    mv "${tar}.new" "${tar}" || return
+  fi
+  logged import images::podman import --change 'CMD ["bash"]' "${tar}" \
     docker.io/library/debian:12-slim &&
-    images::podman tag docker.io/library/debian:12-slim docker.io/library/debian:12 &&
-    rm -f "${IMAGES_WORK}/base.tar"
+    images::podman tag docker.io/library/debian:12-slim docker.io/library/debian:12
 }
 
 # build VARIANT: localhost/samplerd:VARIANT from deploy/docker/Dockerfile.VARIANT, offline.
@@ -216,11 +237,19 @@ main() {
     die "cuda: expected a CUDA 13.0 toolkit at ${CUDA_HOME}, got no ${CUDA_HOME}/bin/nvcc"
   fi
   mkdir -p "${IMAGES_CACHE}" || die "cannot create ${IMAGES_CACHE}"
+  # One run at a time on a machine: they share the cache and the store.
+  exec 9>"${IMAGES_CACHE}/lock"
+  if ! flock -n 9; then
+    images::log "another build_images.sh holds ${IMAGES_CACHE}/lock: waiting"
+    flock -w 3600 9 || die "${IMAGES_CACHE}/lock still held after an hour"
+  fi
   images::configure || die "cannot write ${IMAGES_WORK}/containers.conf"
-  # A fresh store every run: the images are built from scratch, only the .debs are cached.
-  images::podman system reset --force >/dev/null 2>&1
-  rm -rf "${IMAGES_WORK}/storage" "${IMAGES_WORK}/runroot" "${IMAGES_WORK}/logs"
+  rm -rf "${IMAGES_WORK}/logs"
   step_tools || die "cannot install the tools"
+  # A fresh store every run: the images are built from scratch; only the .debs and the base
+  # tarball are cached.
+  images::podman system reset --force >/dev/null 2>&1
+  rm -rf "${IMAGES_WORK}/storage" "${IMAGES_WORK}/runroot"
   step_packages || die "cannot fetch the packages"
   step_base || die "cannot make the base image"
   local rc=0

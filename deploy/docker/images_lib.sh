@@ -19,10 +19,10 @@ readonly IMAGES_NAME=localhost/samplerd
 # images::log MESSAGE...: a progress line on stderr.
 images::log() { printf '==> [images %4ss] %s\n' "${SECONDS}" "$*" >&2; }
 
-# IMAGES_PODMAN, images::podman ARG...: podman with the private store under IMAGES_WORK and the private
-# containers.conf written by images::configure. runc, not crun: crun refuses this VM's hybrid
-# cgroup layout (v1 controllers plus a v2 "unified" mount), runc accepts it. cgroupfs and a file
-# event log: there is no systemd to ask.
+# IMAGES_PODMAN, images::podman ARG...: podman with the private store under IMAGES_WORK and the
+# private containers.conf written by images::configure. runc, not crun: crun refuses this VM's
+# hybrid cgroup layout (v1 controllers plus a v2 "unified" mount), runc accepts it. cgroupfs and
+# a file event log: there is no systemd to ask.
 IMAGES_PODMAN=(env "CONTAINERS_CONF=${IMAGES_WORK}/containers.conf" podman
   --root "${IMAGES_WORK}/storage" --runroot "${IMAGES_WORK}/runroot"
   --storage-driver overlay --cgroup-manager cgroupfs --events-backend file --runtime runc)
