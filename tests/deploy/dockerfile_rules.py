@@ -23,12 +23,13 @@ DOCKERFILES = {  # file name -> the -DSAMPLERD_GPU value its build stage must us
 }
 SAMPLERD_BIN = "/usr/local/bin/samplerd"
 PROBE_SCRIPT = "/usr/local/lib/samplerd/grpc-health-probe.sh"
-# install_deps.sh packages a build stage needs: every -dev package but the test-only and Go
-# ones, and these tools when listed there.
+# install_deps.sh packages a build stage needs: every -dev package but the test-only (GoogleTest,
+# benchmark, the fuzzer and sanitizer runtimes of libclang-rt) and Go ones, and these tools when
+# listed there.
 BUILD_TOOLS = {"g++", "cmake", "ninja-build", "pkg-config", "protobuf-compiler",
                "protobuf-compiler-grpc", "grpc-proto", "civetweb", "hipcc"}
-NOT_FOR_IMAGES = re.compile(r"^(libgtest-dev|libgmock-dev|libbenchmark-dev|golang-.*|"
-                            r"protoc-gen-go.*|python3-.*)$")
+NOT_FOR_IMAGES = re.compile(r"^(libgtest-dev|libgmock-dev|libbenchmark-dev|libclang-rt-.*-dev|"
+                            r"golang-.*|protoc-gen-go.*|python3-.*)$")
 
 
 def instructions(text):
