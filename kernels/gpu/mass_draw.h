@@ -1,18 +1,20 @@
 // Top-p over a row's chunks, part 2 of 2 (part 1 and the design: mass_plan.h).
 //
 // Pass 2 for a row whose MassPlan is kTwoPass: block (chunk c, row r) of MassDrawKernel reads
-// its chunk again. Tokens above the boundary bin compete in the
-// Gumbel-max draw at once (one Philox block per group of 4 tokens, as in pass 1); the boundary
-// bin's tokens are appended to the row's boundary list. The last block of the row sorts the list
-// (at most kSortCap tokens), keeps its prefix by the top-p rule, draws among it and compares
-// with every chunk's best: the row's token.
+// its chunk again. Tokens above the boundary bin compete in the Gumbel-max draw at once (queued,
+// then drawn with every lane busy); the boundary bin's tokens are appended to the row's boundary
+// list. The last block of the row sorts the list (split first when over kSortCap), keeps its prefix
+// by the top-p rule, draws among it and compares with every chunk's best (mass_finish.h): the row's
+// token.
 #ifndef SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
 #define SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
 
 #include <cstdint>
 
 #include "kernels/gpu/chunk_pass.h"
+#include "kernels/gpu/chunk_stats.h"
 #include "kernels/gpu/device_common.h"
+#include "kernels/gpu/mass_finish.h"
 #include "kernels/gpu/mass_plan.h"
 #include "kernels/gpu/rows_in.h"
 #include "kernels/gpu/select.h"
@@ -29,52 +31,20 @@ struct MassDrawParams {
   MassWorkspace mass;
 };
 
-// Mass of a boundary token in the plan's units: its fixed-point mass relative to its chunk's
-// max, scaled as that chunk's histogram was (so the list adds up to its bin exactly).
-__device__ __forceinline__ double BoundaryWeight(uint32_t key, int32_t index,
-                                                 const float* chunk_max, const double* row_scale) {
-  const int c = index / kChunk;
-  return static_cast<double>(FixedMass32(KeyToFloat(key), chunk_max[c])) * row_scale[c];
-}
-
-// The last block of a mass row: sorts the boundary list, cuts it by the top-p rule and returns
+// The last block of a mass row: loads the boundary list and the chunks' best scores and returns
 // the row's token (every thread gets it). Every thread of the block must call.
 template <int kThreads>
 __device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
                                  const float* chunk_max, const double* chunk_scale, int64_t row,
                                  int chunks, const RowParams& params, SelectStorage& s,
                                  typename BlockReduce<kThreads>::Storage& reduce) {
-  using Reduce = BlockReduce<kThreads>;
-  const int n = static_cast<int>(plan.boundary_count);  // <= kSortCap on kTwoPass
-  const volatile uint32_t* list_key = ws.boundary_key + row * kSortCap;
-  const volatile int32_t* list_index = ws.boundary_index + row * kSortCap;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
+  const int n = static_cast<int>(plan.boundary_count);  // <= kBoundaryCap on kTwoPass
+  const volatile uint32_t* list_key = ws.boundary_key + row * kBoundaryCap;
+  const volatile int32_t* list_index = ws.boundary_index + row * kBoundaryCap;
+  for (int i = threadIdx.x; i < n && n <= kSortCap; i += kThreads) {
     s.sort.key[i] = list_key[i];
     s.sort.index[i] = list_index[i];
   }
-  if (threadIdx.x == 0) s.cut = static_cast<uint32_t>(n);
-  SortDescending<kThreads>(s, n);  // waits for the block before it reads
-  // Each thread owns kPer consecutive items: the mass strictly above a tie group's first item
-  // decides whether the group is kept (select.h's rule, in double).
-  constexpr int kPer = kSortCap / kThreads;
-  const int first = static_cast<int>(threadIdx.x) * kPer;
-  double mine = 0.0;
-  for (int i = first; i < first + kPer && i < n; ++i) {
-    mine += BoundaryWeight(s.sort.key[i], s.sort.index[i], chunk_max, chunk_scale);
-  }
-  double total = 0.0;
-  double running = plan.mass_above + Reduce::ExclusiveScanF64(reduce, mine, &total);
-  for (int i = first; i < first + kPer && i < n; ++i) {
-    const bool group_start = i == 0 || s.sort.key[i] != s.sort.key[i - 1];
-    if (group_start && !(running < plan.target)) {
-      atomicMin(&s.cut, static_cast<uint32_t>(i));
-      break;
-    }
-    running += BoundaryWeight(s.sort.key[i], s.sort.index[i], chunk_max, chunk_scale);
-  }
-  __syncthreads();
-  const int cut = static_cast<int>(s.cut);
-  // The chunks' best scores first: their maximum lets MayBeat skip most boundary tokens.
   ArgMaxPair best{-kInfF, INT64_MAX};
   const volatile ChunkBest* bests = ws.chunk_best + row * chunks;
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
@@ -82,16 +52,12 @@ __device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
     const ArgMaxPair scored{bests[c].score, j < 0 ? INT64_MAX : static_cast<int64_t>(j)};
     if (j >= 0 && Better(scored, best)) best = scored;
   }
-  const float floor_score = Reduce::Max(reduce, best.value);
-  for (int i = threadIdx.x; i < cut; i += kThreads) {
-    const int64_t j = s.sort.index[i];
-    const float z = KeyToFloat(s.sort.key[i]);
-    const float u = PhiloxUniform(params.seed, params.position, static_cast<uint64_t>(j));
-    if (!MayBeat(z, u, floor_score)) continue;
-    const ArgMaxPair scored{z + GumbelFromUniform(u), j};
-    if (Better(scored, best)) best = scored;
+  best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: the list is in s.sort
+  if (n > kSortCap) {
+    return DrawWideBoundary<kThreads>(plan, n, list_key, list_index, chunk_max, chunk_scale, params,
+                                      best, s, reduce);
   }
-  return Reduce::ArgMax(reduce, best).index;
+  return DrawBoundary<kThreads>(plan, n, chunk_max, chunk_scale, params, best, s, reduce);
 }
 
 // Shared memory of MassDrawKernel: the chunk (widened to fp32), then, in the row's last block,
@@ -242,9 +208,10 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     for (int e = 0; e < 4; ++e) {
       const float z = z_of(sh.chunk[local_at(g) + e]);
       if (!(bin_of(z) == boundary)) continue;
-      if (slot < static_cast<uint32_t>(kSortCap)) {
-        ws.boundary_key[row * kSortCap + slot] = OrderedKey(z);
-        ws.boundary_index[row * kSortCap + slot] = static_cast<int32_t>(begin + local_at(g) + e);
+      if (slot < static_cast<uint32_t>(kBoundaryCap)) {
+        ws.boundary_key[row * kBoundaryCap + slot] = OrderedKey(z);
+        ws.boundary_index[row * kBoundaryCap + slot] =
+            static_cast<int32_t>(begin + local_at(g) + e);
       }
       ++slot;
     }

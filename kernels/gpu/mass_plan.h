@@ -7,11 +7,11 @@
 //   pass 1 (ChunkPassKernel): each chunk block also builds the mass histogram of its chunk:
 //     kMassBins bins of 1 / kMassBinsPerLogit logit on an absolute grid (the bin of z is
 //     floor(kMassBinsPerLogit * z)), counting each token's mass exp(z - chunk max) in fixed
-//     point. Integer sums do not depend on the order of the atomics. The last block of the row
-//     to finish (an atomic ticket) combines the chunks' histograms in chunk order, each scaled
-//     by exp(chunk max - row max) in double, and finds the boundary bin: the first bin, from the
-//     top, where the mass reaches p * total. That is the row's MassPlan.
-//   pass 2 (FinishKernel, mass_draw.h): each chunk block reads its chunk again. Tokens above the
+//     point. Integer sums do not depend on the order of the atomics. RowFinishKernel then
+//     combines the chunks' histograms in chunk order, each scaled by exp(chunk max - row max)
+//     in double, and finds the boundary bin: the first bin, from the top, where the mass
+//     reaches p * total. That is the row's MassPlan (PlanMassRow).
+//   pass 2 (MassDrawKernel, mass_draw.h): each chunk block reads its chunk again. Tokens above the
 //     boundary bin are kept for sure and compete in the Gumbel-max draw at once; the boundary
 //     bin's tokens are appended to a per-row list. The last block sorts that list, keeps the
 //     prefix whose mass above stays below the target (a tie group whole), and ends the draw.
@@ -19,8 +19,8 @@
 // The result is the rule of select.h (keep j iff the mass strictly above z_j is < p * total)
 // with masses in units of the row max's mass, summed chunk by chunk in a fixed order: bitwise
 // repeatable and batch invariant. Rows the plan cannot take (NaN, +inf, no finite z, |row max|
-// >= kMassMaxRowAbs, a boundary bin of more than kSortCap tokens) get kFallback and are finished
-// by the one-block path of row_finish.h, exactly as before.
+// >= kMassMaxRowAbs, a boundary bin of more than kBoundaryCap tokens) get kFallback and are
+// finished by the one-block path of row_finish.h, exactly as before.
 #ifndef SAMPLERD_KERNELS_GPU_MASS_PLAN_H_
 #define SAMPLERD_KERNELS_GPU_MASS_PLAN_H_
 
@@ -38,16 +38,21 @@ inline constexpr float kMassBinsPerLogit = 8.0f;  // so the bins span 32 logits
 inline constexpr float kMassMaxRowAbs = 1048576.0f;    // 2^20
 inline constexpr float kMassMaxChunkAbs = 2097152.0f;  // 2^21
 
+// Boundary tokens a row's list holds. Up to kSortCap are sorted at once (mass_finish.h), more are
+// split into sub-bins first (DrawWideBoundary).
+inline constexpr int kBoundaryCap = 16384;
+
 enum class MassPath : uint32_t { kFallback = 0, kTwoPass = 1 };
 
 // What pass 1 decides for a mass row (bins counted from the row max's bin, 0, downwards).
 struct MassPlan {
   MassPath path;
   int32_t boundary_bin;
-  uint32_t boundary_count;  // tokens in the boundary bin (<= kSortCap on kTwoPass)
-  float row_top;            // floor(kMassBinsPerLogit * row max)
-  double target;            // p * the row's mass
-  double mass_above;        // mass of the bins above the boundary bin
+  uint32_t boundary_count;  // tokens in the boundary bin (<= kBoundaryCap on kTwoPass)
+  float row_max;
+  float row_top;      // floor(kMassBinsPerLogit * row max)
+  double target;      // p * the row's mass
+  double mass_above;  // mass of the bins above the boundary bin
 };
 
 // Best Gumbel score of a chunk's tokens above the boundary bin (index -1: none).
@@ -67,8 +72,8 @@ struct MassWorkspace {
   MassPlan* plan;           // [batch]
   uint32_t* pass2_ticket;   // [batch] zeroed by the plan
   uint32_t* boundary_fill;  // [batch] tokens appended to the boundary list; zeroed by the plan
-  uint32_t* boundary_key;   // [batch, kSortCap]
-  int32_t* boundary_index;  // [batch, kSortCap]
+  uint32_t* boundary_key;   // [batch, kBoundaryCap]
+  int32_t* boundary_index;  // [batch, kBoundaryCap]
 };
 
 // One token's mass relative to `ref` (z <= ref) in units of 2^-31 (<= 2^31: fits 32 bits).
@@ -240,7 +245,8 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
   __syncthreads();
   if (k == sh.boundary) {
     MassPlan out;
-    out.path = count <= static_cast<uint32_t>(kSortCap) ? MassPath::kTwoPass : MassPath::kFallback;
+    out.path =
+        count <= static_cast<uint32_t>(kBoundaryCap) ? MassPath::kTwoPass : MassPath::kFallback;
     out.boundary_bin = k;
     out.boundary_count = count;
     if (tied) {
@@ -250,6 +256,7 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
       out.boundary_bin = k + 1;
       out.boundary_count = 0;
     }
+    out.row_max = row_max;
     out.row_top = row_top;
     out.target = target;
     out.mass_above = above;

@@ -378,8 +378,8 @@ struct WorkspaceLayout {
     chunk_best = take(slots * sizeof(ChunkBest));
     plan = take(rows * sizeof(MassPlan));
     counters = take(2 * rows * sizeof(uint32_t));
-    boundary_key = take(rows * kSortCap * sizeof(uint32_t));
-    boundary_index = take(rows * kSortCap * sizeof(int32_t));
+    boundary_key = take(rows * kBoundaryCap * sizeof(uint32_t));
+    boundary_index = take(rows * kBoundaryCap * sizeof(int32_t));
     marked = take(rows * BitmaskWords(vocab) * sizeof(uint32_t));  // RowProcessors::marked
     first = take(rows * BitmaskWords(vocab) * sizeof(uint32_t));   // RowProcessors::first
     total = at;

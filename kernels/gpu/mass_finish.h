@@ -1,0 +1,152 @@
+// Top-p over a row's chunks: the end of the draw, shared by its two forms (the two-launch
+// MassDrawKernel of mass_draw.h and the one-launch tail of mass_fused.h). The tokens of the
+// boundary bin are sorted on chip, cut by the top-p rule, and drawn against the best Gumbel score
+// of the bins above it.
+#ifndef SAMPLERD_KERNELS_GPU_MASS_FINISH_H_
+#define SAMPLERD_KERNELS_GPU_MASS_FINISH_H_
+
+#include <cstdint>
+
+#include "kernels/gpu/chunk_stats.h"
+#include "kernels/gpu/device_common.h"
+#include "kernels/gpu/mass_plan.h"
+#include "kernels/gpu/select.h"
+
+namespace samplerd::kernels::gpu {
+
+// Mass of a boundary token in the plan's units: its fixed-point mass relative to its chunk's
+// max, scaled as that chunk's histogram was (so the list adds up to its bin exactly).
+__device__ __forceinline__ double BoundaryWeight(uint32_t key, int32_t index,
+                                                 const float* chunk_max, const double* row_scale) {
+  const int c = index / kChunk;
+  return static_cast<double>(FixedMass32(KeyToFloat(key), chunk_max[c])) * row_scale[c];
+}
+
+// The row's token from its n boundary tokens in s.sort (any order; n <= kSortCap) and
+// `best_above`, the best score of the kept tokens above the boundary bin (the same in every
+// thread). Every thread of the block must call; every thread gets the token.
+template <int kThreads>
+__device__ int64_t DrawBoundary(const MassPlan& plan, int n, const float* chunk_max,
+                                const double* chunk_scale, const RowParams& params,
+                                ArgMaxPair best_above, SelectStorage& s,
+                                typename BlockReduce<kThreads>::Storage& reduce) {
+  using Reduce = BlockReduce<kThreads>;
+  if (threadIdx.x == 0) s.cut = static_cast<uint32_t>(n);
+  SortDescending<kThreads>(s, n);  // waits for the block before it reads
+  // Each thread owns kPer consecutive items: the mass strictly above a tie group's first item
+  // decides whether the group is kept (select.h's rule, in double).
+  constexpr int kPer = kSortCap / kThreads;
+  const int first = static_cast<int>(threadIdx.x) * kPer;
+  double mine = 0.0;
+  for (int i = first; i < first + kPer && i < n; ++i) {
+    mine += BoundaryWeight(s.sort.key[i], s.sort.index[i], chunk_max, chunk_scale);
+  }
+  double total = 0.0;
+  double running = plan.mass_above + Reduce::ExclusiveScanF64(reduce, mine, &total);
+  for (int i = first; i < first + kPer && i < n; ++i) {
+    const bool group_start = i == 0 || s.sort.key[i] != s.sort.key[i - 1];
+    if (group_start && !(running < plan.target)) {
+      atomicMin(&s.cut, static_cast<uint32_t>(i));
+      break;
+    }
+    running += BoundaryWeight(s.sort.key[i], s.sort.index[i], chunk_max, chunk_scale);
+  }
+  __syncthreads();
+  const int cut = static_cast<int>(s.cut);
+  // The best score above lets MayBeat skip most boundary tokens.
+  ArgMaxPair best = best_above;
+  for (int i = threadIdx.x; i < cut; i += kThreads) {
+    const int64_t j = s.sort.index[i];
+    const float z = KeyToFloat(s.sort.key[i]);
+    const float u = PhiloxUniform(params.seed, params.position, static_cast<uint64_t>(j));
+    if (!MayBeat(z, u, best_above.value)) continue;
+    const ArgMaxPair scored{z + GumbelFromUniform(u), j};
+    if (Better(scored, best)) best = scored;
+  }
+  return Reduce::ArgMax(reduce, best).index;
+}
+
+// The row's token when its boundary bin holds more tokens than one sort can take (n >
+// kSortCap; peaked rows put ~4,000 of N(0, 1) noise in one 1/8-logit bin): the bin is split
+// into kHistBins sub-bins by the fraction of 8z, each weighed in fixed point relative to the
+// bin's top (integer sums: the same in any order); the sub-bins above the one where the
+// mass crosses the target are kept whole, and that one is sorted and cut as DrawBoundary does.
+// A crossing sub-bin of more than kSortCap tokens (1/16,384 logit wide: ties) is kept whole.
+template <int kThreads>
+__device__ int64_t DrawWideBoundary(const MassPlan& plan, int n, const volatile uint32_t* list_key,
+                                    const volatile int32_t* list_index, const float* chunk_max,
+                                    const double* chunk_scale, const RowParams& params,
+                                    ArgMaxPair best_above, SelectStorage& s,
+                                    typename BlockReduce<kThreads>::Storage& reduce) {
+  constexpr float kLog2E = 1.4426950408889634f;
+  constexpr float kUnit = 16777216.0f;  // 2^24: a token weighs (2^-1/8, 1] of it
+  const float bin_top = (plan.row_top - static_cast<float>(plan.boundary_bin) + 1.0f) /
+                        kMassBinsPerLogit;  // exact: z < bin_top for every token of the bin
+  const double unit_mass =
+      exp(static_cast<double>(bin_top) - static_cast<double>(plan.row_max)) * kMassScale / kUnit;
+  auto sub_bin = [](float z) {
+    const float t = z * kMassBinsPerLogit;  // exact, as is its fraction and the scaling below
+    return static_cast<int>((t - floorf(t)) * static_cast<float>(kHistBins));
+  };
+  auto weight = [&](float z) {
+    return static_cast<uint32_t>(exp2f((z - bin_top) * kLog2E) * kUnit);
+  };
+  ClearHistogram<kThreads>(s, kHistBins);
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float z = KeyToFloat(list_key[i]);
+    const int b = sub_bin(z);
+    atomicAdd(&s.hist.count[b], 1u);
+    AddBinWeight(s, b, weight(z));
+  }
+  __syncthreads();
+  FindCrossingBin<kThreads>(s, kHistBins, 0, (plan.target - plan.mass_above) / unit_mass, true);
+  const int crossing = s.found_bin;  // -1: the bin's weight stays below the target: keep it all
+  const double above = plan.mass_above + static_cast<double>(s.found_above) * unit_mass;
+  __syncthreads();
+  // The kept sub-bins' tokens draw now; the crossing sub-bin's are collected for the sort.
+  if (threadIdx.x == 0) s.collected = 0;
+  __syncthreads();
+  ArgMaxPair best = best_above;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const uint32_t key = list_key[i];
+    const float z = KeyToFloat(key);
+    const int b = sub_bin(z);
+    const int64_t j = list_index[i];
+    if (b == crossing) {
+      const uint32_t slot = atomicAdd(&s.collected, 1u);
+      if (slot < static_cast<uint32_t>(kSortCap)) {
+        s.sort.key[slot] = key;
+        s.sort.index[slot] = static_cast<int32_t>(j);
+      }
+      continue;
+    }
+    if (b < crossing) continue;
+    const float u = PhiloxUniform(params.seed, params.position, static_cast<uint64_t>(j));
+    if (!MayBeat(z, u, best.value)) continue;
+    const ArgMaxPair scored{z + GumbelFromUniform(u), j};
+    if (Better(scored, best)) best = scored;
+  }
+  best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: s.collected is final
+  const int m = static_cast<int>(s.collected);
+  if (m > kSortCap) {
+    // Ties at this resolution: the crossing sub-bin is kept whole (the one place this path
+    // keeps more than the rule would).
+    __syncthreads();
+    ArgMaxPair mine = best;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float z = KeyToFloat(list_key[i]);
+      if (sub_bin(z) != crossing) continue;
+      const int64_t j = list_index[i];
+      const ArgMaxPair scored{z + GumbelNoise(params.seed, params.position, j), j};
+      if (Better(scored, mine)) mine = scored;
+    }
+    return BlockReduce<kThreads>::ArgMax(reduce, mine).index;
+  }
+  MassPlan sub = plan;
+  sub.mass_above = above;
+  return DrawBoundary<kThreads>(sub, m, chunk_max, chunk_scale, params, best, s, reduce);
+}
+
+}  // namespace samplerd::kernels::gpu
+
+#endif  // SAMPLERD_KERNELS_GPU_MASS_FINISH_H_
