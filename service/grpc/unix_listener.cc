@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "service/core/model/thread_name.h"
 
 namespace samplerd::grpc_transport {
 namespace {
@@ -133,7 +134,10 @@ UnixListener::~UnixListener() { Stop(); }
 
 void UnixListener::Start(grpc::Server* server, PeerTable* peers) {
   if (thread_.joinable() || sockets_.empty()) return;
-  thread_ = std::thread([this, server, peers] { Loop(server, peers); });
+  thread_ = std::thread([this, server, peers] {
+    NameThisThread("sd-unix-accept");
+    Loop(server, peers);
+  });
 }
 
 void UnixListener::Loop(grpc::Server* server, PeerTable* peers) {

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "service/core/model/thread_name.h"
 
 namespace samplerd::core {
 namespace {
@@ -46,7 +47,10 @@ bool OwnerWatcher::EnsureThreadLocked() {
     epoll_fd_ = wake_fd_ = -1;
     return false;
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("sd-owner-watch");
+    Loop();
+  });
   return true;
 }
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "service/core/backend/device_match.h"
 #include "service/core/model/status_macros.h"
+#include "service/core/model/thread_name.h"
 #include "service/core/regions/host_shm.h"
 #include "service/core/regions/ipc_handle.h"
 #include "service/core/regions/owner_watcher.h"
@@ -144,7 +145,10 @@ struct RegionRegistry::State {
   // Starts the closer thread unless it runs (mu held).
   void EnsureCloserLocked() {
     if (closer.joinable()) return;
-    closer = std::thread([this, generation = closer_generation] { CloserLoop(generation); });
+    closer = std::thread([this, generation = closer_generation] {
+      NameThisThread("sd-region-close");
+      CloserLoop(generation);
+    });
   }
 
   // Closes queued regions until CloseAll moves past `generation` and the queue is empty.

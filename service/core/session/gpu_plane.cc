@@ -24,6 +24,7 @@
 #include "kernels/gpu/session_step.h"
 #include "proto/samplerd/v1/device_session.h"
 #include "service/core/backend/guarded_copy.h"
+#include "service/core/model/thread_name.h"
 
 namespace samplerd::core {
 namespace {
@@ -207,7 +208,10 @@ class GpuPlaneRunner final : public PlaneRunner {
           " bytes of device memory for the session's workspace, got ", RuntimeText(code)));
     }
     try {
-      thread_ = std::thread([this] { Run(); });
+      thread_ = std::thread([this] {
+        NameThisThread("sd-gpu-session");
+        Run();
+      });
       started_ = true;
     } catch (const std::system_error& e) {
       return absl::ResourceExhaustedError(

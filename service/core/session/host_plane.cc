@@ -24,6 +24,7 @@
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 #include "proto/samplerd/v1/device_session.h"
 #include "service/core/backend/guarded_copy.h"
+#include "service/core/model/thread_name.h"
 
 namespace samplerd::core {
 namespace {
@@ -119,7 +120,10 @@ class HostPlaneRunner : public PlaneRunner {
   ~HostPlaneRunner() override { Stop(); }
 
   void Start() {
-    poller_ = std::thread([this] { Loop(); });
+    poller_ = std::thread([this] {
+      NameThisThread("sd-host-session");
+      Loop();
+    });
   }
 
   void Stop() override {
