@@ -50,6 +50,17 @@ class ServerSuite : public ::testing::Test {
     server_ = ServerProcess::Start(options, &start_error_);
   }
 
+  // Starts the suite's CPU server with its metrics endpoint on a free loopback port; returns
+  // the port.
+  static int StartServerWithMetrics() {
+    const int port = PickFreeTcpPort();
+    ServerProcess::Options options = CpuServerOptions();
+    options.extra_args.push_back("--metrics_port=" + std::to_string(port));
+    options.extra_args.push_back("--metrics_address=127.0.0.1");
+    StartServer(options);
+    return port;
+  }
+
   // SIGTERMs the suite's server and expects a clean drain (exit code 0).
   static void StopServer() {
     if (server_ == nullptr) return;

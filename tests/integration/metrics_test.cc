@@ -17,13 +17,7 @@ namespace {
 
 class Metrics : public ServerSuite {
  protected:
-  static void SetUpTestSuite() {
-    port_ = PickFreeTcpPort();
-    ServerProcess::Options options = CpuServerOptions();
-    options.extra_args.push_back("--metrics_port=" + std::to_string(port_));
-    options.extra_args.push_back("--metrics_address=127.0.0.1");
-    StartServer(options);
-  }
+  static void SetUpTestSuite() { port_ = StartServerWithMetrics(); }
 
   // A delta of `series` between two scrapes.
   static double Delta(const std::string& before, const std::string& after,

@@ -135,13 +135,7 @@ class Producer {
 
 class RegionOwner : public ServerSuite {
  protected:
-  static void SetUpTestSuite() {
-    port_ = PickFreeTcpPort();
-    ServerProcess::Options options = CpuServerOptions();
-    options.extra_args.push_back("--metrics_port=" + std::to_string(port_));
-    options.extra_args.push_back("--metrics_address=127.0.0.1");
-    StartServer(options);
-  }
+  static void SetUpTestSuite() { port_ = StartServerWithMetrics(); }
 
   void SetUp() override {
     ServerSuite::SetUp();
