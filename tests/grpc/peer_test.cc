@@ -56,7 +56,9 @@ TEST(PeerTable, KnowsTheProcessBehindARecordedConnection) {
   close(pair[1]);
   EXPECT_EQ(peers.PidOf(peer), 0);
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
-  if (pair[0] == number || pair[1] == number) EXPECT_EQ(peers.PidOf(peer), 0);
+  if (pair[0] == number || pair[1] == number) {
+    EXPECT_EQ(peers.PidOf(peer), 0);
+  }
   close(pair[0]);
   close(pair[1]);
 }
