@@ -40,7 +40,12 @@ class SampleStreamReactor final
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
-  void OnDone() override { delete this; }
+  // gRPC calls OnDone once its own reactions have returned, but an executor callback that
+  // called Finish may still be releasing mu_: wait for it (as DeviceSessionReactor does).
+  void OnDone() override {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    delete this;
+  }
 
  private:
   struct Step {
