@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -172,39 +173,81 @@ void Merge(const SampleRequest& request, const std::vector<uint32_t>& bias_order
   out->adjusts = std::move(adjusts);
 }
 
+// A list that names a region must leave its repeated fields empty; until ReadProcessorLists
+// has read it, it is pending.
+template <typename Spec>
+absl::Status CheckListSource(absl::string_view list, const std::optional<Spec>& spec,
+                             bool has_fields, bool* pending) {
+  if (!spec.has_value() || !spec->region.has_value() || spec->region_read) return absl::OkStatus();
+  if (has_fields) {
+    return Invalid(list, "one source (the repeated fields or region)", "both");
+  }
+  *pending = true;
+  return absl::OkStatus();
+}
+
+// "logit_bias" or "logit_bias.region" for a list read from a region.
+template <typename Spec>
+std::string ListName(absl::string_view list, const Spec& spec) {
+  return spec.region.has_value() ? absl::StrCat(list, ".region") : std::string(list);
+}
+
 }  // namespace
 
 absl::Status ValidateProcessors(const SampleRequest& request, ValidatedBatch* out) {
+  bool pending = false;
+  if (request.logit_bias.has_value()) {
+    const LogitBiasSpec& b = *request.logit_bias;
+    RETURN_IF_ERROR(CheckListSource(
+        "logit_bias", request.logit_bias,
+        !b.row_offsets.empty() || !b.token_ids.empty() || !b.biases.empty(), &pending));
+  }
+  if (request.token_history.has_value()) {
+    const TokenHistorySpec& h = *request.token_history;
+    RETURN_IF_ERROR(CheckListSource("token_history", request.token_history,
+                                    !h.row_offsets.empty() || !h.token_ids.empty() ||
+                                        !h.output_counts.empty() || !h.in_prompt.empty(),
+                                    &pending));
+  }
   std::vector<uint32_t> bias_order;
   std::vector<uint32_t> history_order;
-  if (request.logit_bias.has_value()) {
+  if (request.logit_bias.has_value() && !pending) {
     const LogitBiasSpec& bias = *request.logit_bias;
-    RETURN_IF_ERROR(
-        CheckOffsets("logit_bias", bias.row_offsets, out->batch, bias.token_ids.size()));
-    RETURN_IF_ERROR(CheckLength("logit_bias", "biases", bias.biases.size(), bias.token_ids.size()));
-    RETURN_IF_ERROR(
-        CheckTokens("logit_bias", bias.row_offsets, bias.token_ids, out->vocab, &bias_order));
+    const std::string list = ListName("logit_bias", bias);
+    RETURN_IF_ERROR(CheckOffsets(list, bias.row_offsets, out->batch, bias.token_ids.size()));
+    RETURN_IF_ERROR(CheckLength(list, "biases", bias.biases.size(), bias.token_ids.size()));
+    RETURN_IF_ERROR(CheckTokens(list, bias.row_offsets, bias.token_ids, out->vocab, &bias_order));
     for (size_t i = 0; i < bias.biases.size(); ++i) {
       if (std::isnan(bias.biases[i])) {
         return Invalid(
-            absl::StrCat("logit_bias.biases[", i, "] (row ", RowOf(bias.row_offsets, i), ")"),
+            absl::StrCat(list, ".biases[", i, "] (row ", RowOf(bias.row_offsets, i), ")"),
             "a bias that is not NaN (+-inf allowed)", "NaN");
       }
     }
   }
-  if (request.token_history.has_value()) {
+  if (request.token_history.has_value() && !pending) {
     const TokenHistorySpec& history = *request.token_history;
+    const std::string list = ListName("token_history", history);
     const size_t n = history.token_ids.size();
-    RETURN_IF_ERROR(CheckOffsets("token_history", history.row_offsets, out->batch, n));
-    RETURN_IF_ERROR(CheckLength("token_history", "output_counts", history.output_counts.size(), n));
-    RETURN_IF_ERROR(CheckLength("token_history", "in_prompt", history.in_prompt.size(), n));
-    RETURN_IF_ERROR(CheckTokens("token_history", history.row_offsets, history.token_ids, out->vocab,
-                                &history_order));
+    RETURN_IF_ERROR(CheckOffsets(list, history.row_offsets, out->batch, n));
+    RETURN_IF_ERROR(CheckLength(list, "output_counts", history.output_counts.size(), n));
+    RETURN_IF_ERROR(CheckLength(list, "in_prompt", history.in_prompt.size(), n));
+    RETURN_IF_ERROR(
+        CheckTokens(list, history.row_offsets, history.token_ids, out->vocab, &history_order));
+    for (size_t i = 0; i < n; ++i) {
+      if (history.in_prompt[i] > 1) {  // a region's uint8; inline bools are 0 or 1
+        return Invalid(
+            absl::StrCat(list, ".in_prompt[", i, "] (row ", RowOf(history.row_offsets, i), ")"),
+            "0 or 1", absl::StrCat(history.in_prompt[i]));
+      }
+    }
   }
   if (request.token_bitmask.has_value()) {
     out->bitmask_words = (out->vocab + 31) / 32;
     RETURN_IF_ERROR(CheckBitmask(*request.token_bitmask, *out));
   }
+  // Lists in regions are checked, and everything merged, once they are read.
+  if (pending) return absl::OkStatus();
   Merge(request, bias_order, history_order, out);
   return absl::OkStatus();
 }

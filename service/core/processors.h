@@ -21,11 +21,18 @@ namespace samplerd::core {
 // (bias 0, repetition 1, penalty 0) are dropped; when no row has an entry, both vectors stay
 // empty. Entries are sorted by token within a row.
 //
-// Errors, all INVALID_ARGUMENT "<field>[i] (row r): expected X, got Y": offsets that are not
-// B + 1 non-decreasing values from 0 to the list's length; parallel lists of different
-// lengths; token ids outside [0, V); a token twice within a row's bias list or history; a NaN
-// bias; a bitmask with no source or two, or inline words that are not B * ceil(V / 32) * 4
-// bytes (a region slice is checked when it is leased: BindSampleIo).
+// A bias list or history that names a region (LogitBias.region, TokenHistory.region) and has
+// not been read yet is pending: only its source is checked (its repeated fields must be
+// empty), every other list waits too, and nothing is merged. The core then reads the lists
+// (ReadProcessorLists, regions/request_io.h) and calls this again, which checks them exactly
+// as inline lists, naming them "<list>.region.<field>".
+//
+// Errors, all INVALID_ARGUMENT "<field>[i] (row r): expected X, got Y": a list with both a
+// region and repeated fields; offsets that are not B + 1 non-decreasing values from 0 to the
+// list's length; parallel lists of different lengths; token ids outside [0, V); a token twice
+// within a row's bias list or history; a NaN bias; an in_prompt other than 0 or 1; a bitmask
+// with no source or two, or inline words that are not B * ceil(V / 32) * 4 bytes (a region
+// slice is checked when it is leased: BindSampleIo).
 absl::Status ValidateProcessors(const SampleRequest& request, ValidatedBatch* out);
 
 }  // namespace samplerd::core

@@ -9,6 +9,7 @@
 #include "service/core/backend/device_match.h"
 #include "service/core/backend/mps.h"
 #include "service/core/model/status_macros.h"
+#include "service/core/processors.h"
 #include "service/core/regions/counting_gpu_ipc.h"
 #include "service/core/regions/request_io.h"
 #include "service/core/validation.h"
@@ -40,6 +41,12 @@ DeviceInfo SessionDevice(const Sampler& sampler, bool has_gpu_ipc) {
   DeviceInfo device = sampler.device();
   if (!has_gpu_ipc) device.ipc_memory = device.ipc_events = false;
   return device;
+}
+
+// Whether a bias list or token history is packed in a region (read once the request is bound).
+bool ReadsProcessorLists(const SampleRequest& request) {
+  return (request.logit_bias.has_value() && request.logit_bias->region.has_value()) ||
+         (request.token_history.has_value() && request.token_history->region.has_value());
 }
 
 }  // namespace
@@ -133,6 +140,11 @@ absl::Status SamplerCore::Queue(SampleRequest request, Callback done) {
   absl::StatusOr<BoundIo> io =
       BindSampleIo(request, *batch, *sampler_, *regions_, events_.get(), devices_);
   if (!io.ok()) return io.status();
+  if (ReadsProcessorLists(request)) {
+    RETURN_IF_ERROR(ReadProcessorLists(batch->batch, batch->vocab, *sampler_, *regions_,
+                                       gpu_ipc_.get(), devices_, &request, &*io));
+    RETURN_IF_ERROR(ValidateProcessors(request, &*batch));
+  }
   // Shared: the executor's tasks must be copyable, leases are not.
   auto bound = std::make_shared<BoundIo>(*std::move(io));
   executor_->Submit([this, request = std::move(request), batch = *std::move(batch),

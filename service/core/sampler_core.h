@@ -58,14 +58,16 @@ class SamplerCore {
   // N requests in flight, limit M") when limits().max_inflight requests are in flight,
   // INVALID_ARGUMENT or RESOURCE_EXHAUSTED when it is malformed or over the size limits,
   // FAILED_PRECONDITION when it names a device other than the backend's (MatchDevice),
-  // NOT_FOUND / OUT_OF_RANGE / FAILED_PRECONDITION for its regions and events (BindSampleIo).
+  // NOT_FOUND / OUT_OF_RANGE / FAILED_PRECONDITION for its regions and events (BindSampleIo,
+  // ReadProcessorLists).
   // Requests still queued when the backend faults get UNAVAILABLE through `done`, those whose
   // deadline passes in the queue DEADLINE_EXCEEDED, those cancelled meanwhile CANCELLED; none
   // of them is computed.
   // Otherwise `done` runs exactly once, later, on the executor thread; the region leases are
   // released right after it (an unregistered region is then closed off this thread). The
   // request's inline data must stay alive until `done` runs. Never blocks on sampling; the
-  // first use of an IPC event handle opens it (a runtime call).
+  // first use of an IPC event handle opens it (a runtime call). A bias list or token history
+  // in a region is copied here, a GPU IPC one after the request's ready event.
   absl::Status SampleAsync(SampleRequest request, Callback done);
 
   // Stops accepting requests (later ones get UNAVAILABLE) and device sessions (ending the open

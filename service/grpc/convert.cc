@@ -42,6 +42,8 @@ void ConvertProcessors(const v1::SampleRequest& in, core::SampleRequest* out) {
     spec.row_offsets.assign(bias.row_offsets().begin(), bias.row_offsets().end());
     spec.token_ids.assign(bias.token_ids().begin(), bias.token_ids().end());
     spec.biases.assign(bias.biases().begin(), bias.biases().end());
+    if (bias.has_region())
+      spec.region = core::RegionRef{bias.region().region(), bias.region().offset()};
   }
   if (in.has_token_history()) {
     const v1::TokenHistory& history = in.token_history();
@@ -50,6 +52,9 @@ void ConvertProcessors(const v1::SampleRequest& in, core::SampleRequest* out) {
     spec.token_ids.assign(history.token_ids().begin(), history.token_ids().end());
     spec.output_counts.assign(history.output_counts().begin(), history.output_counts().end());
     spec.in_prompt.assign(history.in_prompt().begin(), history.in_prompt().end());
+    if (history.has_region()) {
+      spec.region = core::RegionRef{history.region().region(), history.region().offset()};
+    }
   }
   if (in.has_token_bitmask()) {
     const v1::TokenBitmask& mask = in.token_bitmask();
@@ -164,7 +169,8 @@ void ToProto(const core::SampleResult& in, v1::SampleResponse* out) {
 
 bool UsesRegions(const v1::SampleRequest& in) {
   return in.logits().data_case() == v1::Tensor::kRegion || in.has_output() ||
-         in.token_bitmask().data_case() == v1::TokenBitmask::kRegion;
+         in.token_bitmask().data_case() == v1::TokenBitmask::kRegion ||
+         in.logit_bias().has_region() || in.token_history().has_region();
 }
 
 void ToProto(const core::RegionInfo& in, v1::RegionInfo* out) {

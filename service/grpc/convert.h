@@ -22,7 +22,8 @@ absl::Status FromProto(const v1::SampleRequest& in, core::SampleRequest* out);
 // The call's deadline as an absl::Time; absl::InfiniteFuture() when the client set none.
 absl::Time DeadlineOf(const grpc::ServerContextBase& context);
 
-// Whether `in` names a region (logits.region, output or token_bitmask.region).
+// Whether `in` names a region (logits.region, output, token_bitmask.region, logit_bias.region
+// or token_history.region).
 bool UsesRegions(const v1::SampleRequest& in);
 
 // Fills `out` from a successful result.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,6 +61,16 @@ class FakeGpuIpc : public GpuIpc {
     ++event_closes_;
   }
 
+  // The "device" is host memory: a plain memcpy, counted with the event it waited for.
+  absl::Status CopyToHost(int ordinal, void* ready_event, const void* src, void* dst,
+                          uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++copies_;
+    last_copy_event_ = ready_event;
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+
   // Waits (up to 10 s) until CloseMemory has run `n` times in all; false on timeout.
   bool WaitForMemoryCloses(int n) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -70,6 +81,11 @@ class FakeGpuIpc : public GpuIpc {
   int memory_closes() const { return Get(memory_closes_); }
   int event_opens() const { return Get(event_opens_); }
   int event_closes() const { return Get(event_closes_); }
+  int copies() const { return Get(copies_); }
+  void* last_copy_event() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_copy_event_;
+  }
   std::thread::id last_close_thread() const {
     std::lock_guard<std::mutex> lock(mu_);
     return last_close_thread_;
@@ -89,6 +105,8 @@ class FakeGpuIpc : public GpuIpc {
   int memory_closes_ = 0;
   int event_opens_ = 0;
   int event_closes_ = 0;
+  int copies_ = 0;
+  void* last_copy_event_ = nullptr;
   std::thread::id last_close_thread_;
 };
 

@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/gpu/runtime.h"
@@ -87,6 +89,39 @@ TEST(GpuRuntime, MemoryRangeReportsTheWholeAllocation) {
   EXPECT_LT(size, bytes + (size_t{2} << 20)) << "at most rounded up to the allocation granule";
   std::printf("DeviceMalloc(%zu) -> range of %zu bytes\n", bytes, size);
   EXPECT_EQ(gpu::DeviceFree(ptr), 0);
+}
+
+// The copy ReadProcessorLists makes of a bias list or token history in GPU IPC memory: after
+// the ready event (an interprocess one, as engines record), whole or from an offset; an unknown
+// device is FAILED_PRECONDITION.
+TEST(RuntimeGpuIpc, CopyToHostReadsDeviceMemoryAfterTheReadyEvent) {
+  std::unique_ptr<GpuIpc> ipc = MakeRuntimeGpuIpc();
+  std::vector<uint8_t> dst(64, 0);
+  int x = 0;
+  EXPECT_EQ(ipc->CopyToHost(4096, nullptr, &x, dst.data(), 4).code(),
+            absl::StatusCode::kFailedPrecondition);
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU";
+  ASSERT_EQ(gpu::SetDevice(0), 0);
+  std::vector<uint8_t> src(1 << 20);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
+  void* device = nullptr;
+  ASSERT_EQ(gpu::DeviceMalloc(&device, src.size()), 0);
+  gpu::Stream stream = nullptr;
+  ASSERT_EQ(gpu::StreamCreate(&stream), 0);
+  gpu::Event ready = nullptr;
+  ASSERT_EQ(gpu::EventCreate(&ready, /*interprocess=*/true), 0);
+  ASSERT_EQ(gpu::CopyToDevice(device, src.data(), src.size(), stream), 0);
+  ASSERT_EQ(gpu::EventRecord(ready, stream), 0);  // no host sync: the copy must wait for it
+  dst.assign(src.size(), 0);
+  ASSERT_TRUE(ipc->CopyToHost(0, ready, device, dst.data(), dst.size()).ok());
+  EXPECT_EQ(dst, src);
+  std::vector<uint8_t> part(8, 0);
+  ASSERT_TRUE(ipc->CopyToHost(0, nullptr, static_cast<char*>(device) + 100, part.data(), 8).ok());
+  EXPECT_EQ(part, std::vector<uint8_t>(src.begin() + 100, src.begin() + 108));
+  EXPECT_EQ(gpu::StreamSynchronize(stream), 0);
+  EXPECT_EQ(gpu::EventDestroy(ready), 0);
+  EXPECT_EQ(gpu::StreamDestroy(stream), 0);
+  EXPECT_EQ(gpu::DeviceFree(device), 0);
 }
 
 // Without a driver (dlopen finds no libcuda) or for host memory (with one), an error, no crash.

@@ -1,6 +1,6 @@
 // Wire <-> core conversions of the logits processors (processors.proto): penalties, logit
-// bias, token history, the bitmask's two sources (inline words viewed, not copied), and the
-// row status of a row left with no allowed token.
+// bias, token history (inline or a region slice), the bitmask's two sources (inline words
+// viewed, not copied), and the row status of a row left with no allowed token.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -94,6 +94,30 @@ TEST(FromProtoProcessors, ViewsInlineBitmaskWordsAndCarriesARegionSlice) {
   EXPECT_EQ(from_region.token_bitmask->region->region, "masks");
   EXPECT_EQ(from_region.token_bitmask->region->offset, 64u);
   EXPECT_TRUE(UsesRegions(wire));  // the region peer rules apply to it too
+}
+
+TEST(FromProtoProcessors, CarriesBiasAndHistoryRegionSlicesUnderThePeerRules) {
+  v1::SampleRequest wire = WireRequest();
+  wire.mutable_logit_bias()->mutable_region()->set_region("bias");
+  wire.mutable_logit_bias()->mutable_region()->set_offset(8);
+  core::SampleRequest out;
+  ASSERT_TRUE(FromProto(wire, &out).ok());
+  ASSERT_TRUE(out.logit_bias->region.has_value());
+  EXPECT_EQ(out.logit_bias->region->region, "bias");
+  EXPECT_EQ(out.logit_bias->region->offset, 8u);
+  EXPECT_FALSE(out.logit_bias->region_read);
+  EXPECT_TRUE(out.logit_bias->token_ids.empty());
+  EXPECT_TRUE(UsesRegions(wire));
+
+  v1::SampleRequest history = WireRequest();
+  history.mutable_token_history()->mutable_region()->set_region("history");
+  history.mutable_token_history()->add_in_prompt(true);  // kept: validation refuses both
+  core::SampleRequest out_history;
+  ASSERT_TRUE(FromProto(history, &out_history).ok());
+  ASSERT_TRUE(out_history.token_history->region.has_value());
+  EXPECT_EQ(out_history.token_history->region->region, "history");
+  EXPECT_EQ(out_history.token_history->in_prompt, (std::vector<uint8_t>{1}));
+  EXPECT_TRUE(UsesRegions(history));
 }
 
 TEST(FromProtoProcessors, AnEmptyBitmaskMessageIsLeftForValidation) {

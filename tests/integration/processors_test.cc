@@ -1,7 +1,8 @@
 // Logits processors end to end through the real samplerd (CPU backend): the error table of
 // malformed bias lists, token histories, bitmasks and penalties (exact code and message, unary
 // and streamed, the server serving on), the row status of a row with nothing allowed, and a
-// bitmask in a host shm region. (Every rule in detail: tests/kernels and tests/core.)
+// bitmask, bias lists and token histories in a host shm region. (Every rule in detail:
+// tests/kernels and tests/core.)
 #include <unistd.h>
 
 #include <cstring>
@@ -164,6 +165,30 @@ const std::vector<BadProcessors>& BadInputs() {
        [](v1::SampleRequest* r) {
          r->mutable_token_bitmask()->mutable_region()->set_region("no-such-masks");
        }},
+      {"BiasWithRegionAndLists", C::INVALID_ARGUMENT,
+       "logit_bias: expected one source (the repeated fields or region), got both",
+       [](v1::SampleRequest* r) {
+         AddBias(r);
+         r->mutable_logit_bias()->mutable_region()->set_region("lists");
+       }},
+      {"HistoryWithRegionAndLists", C::INVALID_ARGUMENT,
+       "token_history: expected one source (the repeated fields or region), got both",
+       [](v1::SampleRequest* r) {
+         AddHistory(r);
+         r->mutable_token_history()->mutable_region()->set_region("lists");
+       }},
+      {"BiasInAnUnknownRegion", C::NOT_FOUND,
+       "logit_bias.region: expected a registered region, got \"no-such-lists\", which is not "
+       "(ListRegions lists them)",
+       [](v1::SampleRequest* r) {
+         r->mutable_logit_bias()->mutable_region()->set_region("no-such-lists");
+       }},
+      {"HistoryInAnUnknownRegion", C::NOT_FOUND,
+       "token_history.region: expected a registered region, got \"no-such-lists\", which is not "
+       "(ListRegions lists them)",
+       [](v1::SampleRequest* r) {
+         r->mutable_token_history()->mutable_region()->set_region("no-such-lists");
+       }},
       {"RepetitionPenaltyZero", C::INVALID_ARGUMENT,
        "expected params[0].repetition_penalty finite and > 0 (1 is off), got 0",
        [](v1::SampleRequest* r) { r->mutable_params(0)->set_repetition_penalty(0.0f); }},
@@ -274,6 +299,89 @@ TEST_F(ProcessorsOverTheWire, AHostShmBitmaskRegionWorksLikeInlineWords) {
             "token_bitmask.region: expected a slice aligned to 4 bytes (int32 words), got one at "
             "2 bytes past a multiple of 4 (offset 66)");
   EXPECT_TRUE(client_->Unregister("masks").ok());
+}
+
+// The packed layouts of processors.proto (LogitBias.region, TokenHistory.region) of a
+// request's inline lists.
+std::string PackedBias(const v1::LogitBias& bias) {
+  std::string out;
+  auto put = [&out](const void* p, size_t bytes) {
+    out.append(static_cast<const char*>(p), bytes);
+  };
+  put(bias.row_offsets().data(), bias.row_offsets_size() * 4);
+  put(bias.token_ids().data(), bias.token_ids_size() * 4);
+  put(bias.biases().data(), bias.biases_size() * 4);
+  return out;
+}
+
+std::string PackedHistory(const v1::TokenHistory& history) {
+  std::string out;
+  auto put = [&out](const void* p, size_t bytes) {
+    out.append(static_cast<const char*>(p), bytes);
+  };
+  put(history.row_offsets().data(), history.row_offsets_size() * 4);
+  put(history.token_ids().data(), history.token_ids_size() * 4);
+  put(history.output_counts().data(), history.output_counts_size() * 4);
+  for (bool b : history.in_prompt()) out.push_back(b ? 1 : 0);
+  return out;
+}
+
+TEST_F(ProcessorsOverTheWire, BiasAndHistoryInAHostShmRegionWorkLikeInlineLists) {
+  std::string error;
+  std::unique_ptr<HostShmBuffer> shm =
+      HostShmBuffer::Create("/samplerd-it-" + std::to_string(getpid()) + "-lists", 4096, &error);
+  ASSERT_NE(shm, nullptr) << error;
+  ASSERT_TRUE(client_->RegisterHostShm("lists", shm->key(), 0, 4096).ok());
+  v1::SampleRequest inline_request = RandomLogits(kBatch, kVocab, 54).Request({Seeded(5)});
+  inline_request.mutable_params(0)->set_frequency_penalty(1.5f);
+  inline_request.mutable_params(0)->set_repetition_penalty(1.7f);
+  inline_request.mutable_logprobs()->set_top_n(4);
+  inline_request.mutable_logprobs()->set_source(v1::LOGPROB_SOURCE_PROCESSED);
+  AddBias(&inline_request);
+  AddHistory(&inline_request);
+  v1::SampleResponse want;
+  ASSERT_TRUE(client_->Sample(inline_request, &want).ok());
+
+  const std::string bias = PackedBias(inline_request.logit_bias());
+  const std::string history = PackedHistory(inline_request.token_history());
+  char* base = static_cast<char*>(shm->data());
+  std::memcpy(base + 128, bias.data(), bias.size());
+  std::memcpy(base + 1024, history.data(), history.size());
+  v1::SampleRequest request = inline_request;
+  request.mutable_logit_bias()->Clear();
+  request.mutable_logit_bias()->mutable_region()->set_region("lists");
+  request.mutable_logit_bias()->mutable_region()->set_offset(128);
+  request.mutable_token_history()->Clear();
+  request.mutable_token_history()->mutable_region()->set_region("lists");
+  request.mutable_token_history()->mutable_region()->set_offset(1024);
+  v1::SampleResponse got;
+  const grpc::Status status = client_->Sample(request, &got);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  got.clear_timings();
+  want.clear_timings();
+  EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());  // tokens and logprobs, bit for bit
+  std::unique_ptr<SampleSession> session = client_->OpenStream();
+  ASSERT_TRUE(session->Step(request, &got).ok());
+  got.clear_timings();
+  EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
+  EXPECT_TRUE(session->Close().ok());
+
+  // A token past the vocabulary in the region, then a slice the region cannot hold.
+  const int32_t past = static_cast<int32_t>(kVocab);
+  std::memcpy(base + 128 + 3 * 4, &past, 4);  // token_ids[0], after 3 offsets
+  grpc::Status bad = client_->Sample(request, &got);
+  EXPECT_EQ(bad.error_code(), C::INVALID_ARGUMENT);
+  EXPECT_EQ(bad.error_message(),
+            "logit_bias.region.token_ids[0] (row 0): expected a token id in [0, 40), got 40");
+  request.mutable_logit_bias()->mutable_region()->set_offset(4096 - 12);  // offsets 0, 1, 3
+  std::memcpy(base + 4096 - 12, bias.data(), 12);
+  bad = client_->Sample(request, &got);
+  EXPECT_EQ(bad.error_code(), C::OUT_OF_RANGE);
+  EXPECT_EQ(bad.error_message(),
+            "logit_bias.region: expected 36 bytes at offset 4084, got a region of 4096 bytes (B = "
+            "2, N = row_offsets[B] = 3: (B + 1 + 2N) * 4 bytes)");
+  ASSERT_TRUE(client_->Sample(GoodRequest(), &got).ok());
+  EXPECT_TRUE(client_->Unregister("lists").ok());
 }
 
 TEST_F(ProcessorsOverTheWire, AGpuIpcBitmaskRegionIsRefusedByTheCpuServer) {

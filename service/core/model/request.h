@@ -39,17 +39,23 @@ struct ParamsSpec {
 
 // The logits processors of a request, as the client sent them (SampleRequest.logit_bias,
 // token_history, token_bitmask in proto/samplerd/v1/processors.proto). Sparse lists are packed
-// per batch: row i's entries are [row_offsets[i], row_offsets[i + 1]) of each list.
+// per batch: row i's entries are [row_offsets[i], row_offsets[i + 1]) of each list. The lists
+// come inline or packed in a region slice (`region`): ReadProcessorLists (regions/request_io.h)
+// then fills them from the slice and sets `region_read`.
 struct LogitBiasSpec {
   std::vector<uint32_t> row_offsets;
   std::vector<int32_t> token_ids;
   std::vector<float> biases;
+  std::optional<RegionRef> region;
+  bool region_read = false;
 };
 struct TokenHistorySpec {
   std::vector<uint32_t> row_offsets;
   std::vector<int32_t> token_ids;
   std::vector<uint32_t> output_counts;
   std::vector<uint8_t> in_prompt;  // 0 or 1
+  std::optional<RegionRef> region;
+  bool region_read = false;
 };
 // int32 words [B, ceil(V / 32)], inline (a view, kept alive like inline_data) or in a region.
 struct TokenBitmaskSpec {

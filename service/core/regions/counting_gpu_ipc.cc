@@ -22,6 +22,11 @@ absl::StatusOr<void*> CountingGpuIpc::OpenEvent(int ordinal, const IpcHandle& ha
 
 void CountingGpuIpc::CloseEvent(int ordinal, void* event) { inner_->CloseEvent(ordinal, event); }
 
+absl::Status CountingGpuIpc::CopyToHost(int ordinal, void* ready_event, const void* src, void* dst,
+                                        uint64_t bytes) {
+  return inner_->CopyToHost(ordinal, ready_event, src, dst, bytes);
+}
+
 std::shared_ptr<GpuIpc> WithOpenCounting(std::shared_ptr<GpuIpc> ipc,
                                          metrics::SamplerMetrics* metrics) {
   if (ipc == nullptr || metrics == nullptr) return ipc;

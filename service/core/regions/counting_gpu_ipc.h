@@ -20,6 +20,8 @@ class CountingGpuIpc final : public GpuIpc {
   void CloseMemory(int ordinal, const IpcMapping& mapping) override;
   absl::StatusOr<void*> OpenEvent(int ordinal, const IpcHandle& handle) override;
   void CloseEvent(int ordinal, void* event) override;
+  absl::Status CopyToHost(int ordinal, void* ready_event, const void* src, void* dst,
+                          uint64_t bytes) override;
 
  private:
   const std::shared_ptr<GpuIpc> inner_;

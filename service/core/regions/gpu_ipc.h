@@ -35,6 +35,13 @@ class GpuIpc {
   // Opens an IPC event handle on `ordinal`; the result is an opaque runtime event.
   virtual absl::StatusOr<void*> OpenEvent(int ordinal, const IpcHandle& handle) = 0;
   virtual void CloseEvent(int ordinal, void* event) = 0;
+
+  // Copies `bytes` from `src`, device memory of an opened mapping on `ordinal`, to host memory
+  // `dst`, after `ready_event` (an opened event, or null) completes; returns once the bytes are
+  // in `dst`. On the request path (the sparse lists of LogitBias.region and TokenHistory.region).
+  // Errors: FAILED_PRECONDITION with the runtime's reason.
+  virtual absl::Status CopyToHost(int ordinal, void* ready_event, const void* src, void* dst,
+                                  uint64_t bytes) = 0;
 };
 
 }  // namespace samplerd::core

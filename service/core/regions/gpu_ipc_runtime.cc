@@ -69,6 +69,24 @@ class RuntimeGpuIpc final : public GpuIpc {
     (void)gpu::LastError();
   }
 
+  // On the legacy default stream (null): the samplers' own streams are non-blocking, so this
+  // waits for nothing of theirs. A D2H copy into pageable memory returns once done; the
+  // synchronize makes that explicit.
+  absl::Status CopyToHost(int ordinal, void* ready_event, const void* src, void* dst,
+                          uint64_t bytes) override {
+    const std::string device = Name(ordinal);
+    if (absl::Status s = MakeCurrent(ordinal, device); !s.ok()) return s;
+    gpu::Stream stream = nullptr;
+    int code = ready_event != nullptr ? gpu::StreamWaitEvent(stream, ready_event) : 0;
+    if (code == 0) code = gpu::CopyToHost(dst, src, static_cast<size_t>(bytes), stream);
+    if (code == 0) code = gpu::StreamSynchronize(stream);
+    if (code == 0) return absl::OkStatus();
+    (void)gpu::LastError();
+    return absl::FailedPreconditionError(absl::StrCat("expected to copy ", bytes, " bytes from ",
+                                                      device, " to the host, got ",
+                                                      gpu::ErrorString(code)));
+  }
+
  private:
   // "GPU 0000:00:06.0" for messages (ordinals mean nothing to clients).
   std::string Name(int ordinal) const {

@@ -20,6 +20,9 @@ struct BoundIo {
   RegionLease logits;   // empty for inline logits
   RegionLease output;   // empty without an output region
   RegionLease bitmask;  // empty without a token_bitmask region
+  // Empty without a logit_bias / token_history region (ReadProcessorLists).
+  RegionLease logit_bias;
+  RegionLease token_history;
 };
 
 // Leases `request`'s regions in `regions` (the logits slice: InlineBytes of the batch; the
@@ -37,6 +40,24 @@ struct BoundIo {
 absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const ValidatedBatch& batch,
                                      const Sampler& sampler, const RegionRegistry& regions,
                                      IpcEventCache* events, const std::vector<DeviceInfo>& devices);
+
+// Reads the packed lists of request->logit_bias and token_history that name a region slice
+// (processors.proto: LogitBias.region, TokenHistory.region) into their vectors for `batch`
+// rows, sets their region_read, and keeps the leases in `bound` (after BindSampleIo, whose
+// ready event a GPU IPC copy waits for). Lists given inline are left alone; ValidateProcessors
+// then checks the lists read here as it checks inline ones. Host shm slices are copied with
+// GuardedCopy, GPU IPC slices (on `sampler`'s device) through `ipc`. Cost: one copy of the
+// slice, (B + 1) * 4 + N * 12 (bias) or N * 13 (history) bytes for N = row_offsets[B].
+//
+// Errors, prefixed with "<list>.region": Acquire's (NOT_FOUND; OUT_OF_RANGE when the region
+// does not hold the offsets or the N entries they announce); INVALID_ARGUMENT for a slice not
+// aligned to 4 bytes or N > B * V (no row can hold a token twice); FAILED_PRECONDITION for a
+// GPU region off the sampler's device or a CPU server, a shm object truncated under us, or a
+// failed device copy.
+absl::Status ReadProcessorLists(int64_t batch, int64_t vocab, const Sampler& sampler,
+                                const RegionRegistry& regions, GpuIpc* ipc,
+                                const std::vector<DeviceInfo>& devices, SampleRequest* request,
+                                BoundIo* bound);
 
 }  // namespace samplerd::core
 
