@@ -171,6 +171,37 @@ class PenaltyEncodingTest(unittest.TestCase):
             request(batch=2, repetition_penalty=[1.0, 1.1, 1.2])
 
 
+class RegionListsTest(unittest.TestCase):
+    def test_lists_pack_as_the_region_layout(self):
+        bias = request(batch=2, logit_bias=[{3: 1.5}, {1: -2.0, 7: 0.25}]).logit_bias
+        packed = samplerd.packed_lists(bias)
+        self.assertEqual(packed.dtype, np.uint8)
+        self.assertEqual(packed[:12].view("<u4").tolist(), [0, 1, 3])
+        self.assertEqual(packed[12:24].view("<i4").tolist(), [3, 1, 7])
+        self.assertEqual(packed[24:].view("<f4").tolist(), [1.5, -2.0, 0.25])
+        history = request(batch=2, prompt_token_ids=[[4], []],
+                          output_token_ids=[[4, 4], [9]]).token_history
+        packed = samplerd.packed_lists(history)
+        self.assertEqual(len(packed), (3 + 2 * 2) * 4 + 2)
+        self.assertEqual(packed[20:28].view("<u4").tolist(), [2, 1])
+        self.assertEqual(packed[28:].tolist(), [1, 0])
+
+    def test_region_slices_are_sent_as_is(self):
+        r = request(logit_bias=pb.LogitBias(region=pb.RegionSlice(region="lists", offset=8)),
+                    token_history=pb.TokenHistory(region=pb.RegionSlice(region="lists")))
+        self.assertEqual(r.logit_bias.region.offset, 8)
+        self.assertEqual(len(r.logit_bias.token_ids), 0)
+        self.assertEqual(r.token_history.region.region, "lists")
+
+    def test_a_token_history_message_excludes_token_ids(self):
+        history = pb.TokenHistory(region=pb.RegionSlice(region="lists"))
+        with self.assertRaises(ValueError) as caught:
+            request(token_history=history, output_token_ids=[[1], [2]])
+        self.assertIn("got TokenHistory with them", str(caught.exception))
+        with self.assertRaises(ValueError):
+            request(token_history=[[1], [2]])
+
+
 class SignatureTest(unittest.TestCase):
     def test_processors_are_keyword_only_in_every_sampling_method(self):
         import inspect
@@ -180,7 +211,7 @@ class SignatureTest(unittest.TestCase):
             params = inspect.signature(method).parameters
             for name in ("token_bitmask", "logit_bias", "repetition_penalty",
                          "presence_penalty", "frequency_penalty", "prompt_token_ids",
-                         "output_token_ids"):
+                         "output_token_ids", "token_history"):
                 self.assertEqual(params[name].kind, inspect.Parameter.KEYWORD_ONLY, name)
 
 

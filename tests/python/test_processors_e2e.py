@@ -151,6 +151,35 @@ class ProcessorsTest(unittest.TestCase):
                                 output_token_ids=[[3], [4]])
         self.assertEqual(step.tokens.tolist(), [3, 100])
 
+    def test_lists_in_a_host_shm_region_give_the_inline_tokens_and_logprobs(self):
+        from samplerd._options import SampleOptions
+
+        logits = random_logits(3, 500, seed=9)
+        options = dict(seed=[1, 2, 3], top_p=0.9, logprobs=(3, "processed"),
+                       repetition_penalty=1.4, frequency_penalty=0.3,
+                       logit_bias=[{7: 3.0, 8: -np.inf}, {}, {499: 2.5}],
+                       prompt_token_ids=[[1, 2], [3], []], output_token_ids=[[2, 2], [], [9]])
+        want = self.client.sample(logits, **options)
+        inline = SampleOptions(**options).request(pb.Tensor(shape=[3, 500]))
+        bias = samplerd.packed_lists(inline.logit_bias)
+        history = samplerd.packed_lists(inline.token_history)
+        region = self.client.register_host_shm("py-lists", 4096)
+        try:
+            region.array[:len(bias)] = bias
+            region.array[1024:1024 + len(history)] = history
+            options.update(
+                logit_bias=pb.LogitBias(region=pb.RegionSlice(region="py-lists")),
+                token_history=pb.TokenHistory(region=pb.RegionSlice(region="py-lists",
+                                                                    offset=1024)),
+                prompt_token_ids=None, output_token_ids=None)
+            got = self.client.sample(logits, **options)
+        finally:
+            self.client.unregister("py-lists")
+        self.assertEqual(got.tokens.tolist(), want.tokens.tolist())
+        for g, w in zip(got.logprobs, want.logprobs):
+            self.assertEqual(g.top_token_ids.tolist(), w.top_token_ids.tolist())
+            self.assertEqual(g.top_logprobs.tobytes(), w.top_logprobs.tobytes())
+
     def test_the_server_checks_token_ids_against_the_vocabulary(self):
         logits = random_logits(2, 50, seed=8)
         for options in ({"logit_bias": {50: 1.0}}, {"output_token_ids": [[1], [-1]]}):

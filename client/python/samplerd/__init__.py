@@ -21,6 +21,7 @@ from ._client import Client
 from ._device_session import DeviceSession
 from ._errors import SamplerError
 from ._host_shm import HostShmRegion
+from ._processors import packed_lists
 from ._results import RowLogprobs, SampleResult
 from ._stream import StreamSession
 
@@ -32,4 +33,5 @@ __all__ = [
     "SampleResult",
     "SamplerError",
     "StreamSession",
+    "packed_lists",
 ]

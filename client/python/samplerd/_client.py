@@ -152,12 +152,16 @@ class Client:
             this order: logit bias, penalties, bitmask; each optional):
 
             logit_bias: {token id: bias} added to every row, or B such dicts (None for none);
-                +inf forces a token, -inf bans it.
+                +inf forces a token, -inf bans it. Or a samplerd.v1.LogitBias, sent as is
+                (e.g. ``LogitBias(region=RegionSlice(...))`` naming lists written with
+                ``samplerd.packed_lists`` into a registered region).
             repetition_penalty, presence_penalty, frequency_penalty: a scalar or B values
                 (vLLM's definitions; unset: off). They act on each row's token history:
             prompt_token_ids, output_token_ids: B sequences of token ids (the prompt and the
                 tokens generated so far); the client sends each row's distinct tokens with
                 their output count and whether the prompt has them.
+            token_history: instead of those two, a samplerd.v1.TokenHistory sent as is (e.g.
+                a region slice, like logit_bias).
             token_bitmask: allowed tokens, bit t % 32 of word t / 32 of a row (xgrammar's and
                 vLLM's layout): int32 [B, ceil(V / 32)] as a numpy array or torch tensor (a
                 CUDA tensor travels by GPU IPC like CUDA logits, without a copy), a numpy bool

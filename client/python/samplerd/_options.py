@@ -65,6 +65,7 @@ class SampleOptions:
     frequency_penalty: Optional[PerRow] = field(default=None, metadata=_KEYWORD_ONLY)
     prompt_token_ids: Optional[TokenIds] = field(default=None, metadata=_KEYWORD_ONLY)
     output_token_ids: Optional[TokenIds] = field(default=None, metadata=_KEYWORD_ONLY)
+    token_history: Any = field(default=None, metadata=_KEYWORD_ONLY)
 
     @classmethod
     def _of(cls, args: Tuple[Any, ...], kwargs: Any) -> "SampleOptions":
@@ -106,7 +107,16 @@ class SampleOptions:
         (each only when given)."""
         if self.logit_bias is not None:
             request.logit_bias.CopyFrom(logit_bias_message(self.logit_bias, batch))
-        if self.prompt_token_ids is not None or self.output_token_ids is not None:
+        from_ids = self.prompt_token_ids is not None or self.output_token_ids is not None
+        if self.token_history is not None:
+            if from_ids or not isinstance(self.token_history, pb.TokenHistory):
+                raise ValueError(
+                    "token_history: expected a samplerd.v1.TokenHistory without prompt_token_ids"
+                    f" / output_token_ids, got {type(self.token_history).__name__}"
+                    + (" with them" if from_ids else "")
+                )
+            request.token_history.CopyFrom(self.token_history)
+        elif from_ids:
             history = token_history_message(self.prompt_token_ids, self.output_token_ids, batch)
             request.token_history.CopyFrom(history)
         if token_bitmask is None and self.token_bitmask is not None:

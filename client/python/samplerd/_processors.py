@@ -8,6 +8,8 @@ repetition / presence / frequency penalties on the row's token history, then the
 checked here is what only the client can see: shapes, dtypes and counts of rows.
 
 A CUDA bitmask tensor is not encoded here: Client sends it as a GPU IPC region slice (_cuda.py).
+Bias lists and histories may also lie in a registered region: packed_lists gives the bytes to
+write there, and a LogitBias / TokenHistory message naming the slice is sent as is.
 """
 
 from __future__ import annotations
@@ -170,3 +172,17 @@ def token_history_message(
         message.output_counts.extend(np.concatenate([c for _, c, _ in entries]).tolist())
         message.in_prompt.extend(np.concatenate([p for _, _, p in entries]).tolist())
     return message
+
+
+def packed_lists(message: Any) -> np.ndarray:
+    """The bytes (uint8) of a LogitBias or TokenHistory message's lists packed as its ``region``
+    field expects (processors.proto): uint32 row_offsets[B + 1], int32 token_ids[N], then
+    float32 biases[N], or uint32 output_counts[N] and uint8 in_prompt[N]; little-endian. Write
+    them at a 4-aligned offset of a registered region, e.g.
+    ``client.register_host_shm(name, packed_lists(message))``."""
+    parts = [np.asarray(message.row_offsets, "<u4"), np.asarray(message.token_ids, "<i4")]
+    if isinstance(message, pb.LogitBias):
+        parts.append(np.asarray(message.biases, "<f4"))
+    else:
+        parts += [np.asarray(message.output_counts, "<u4"), np.asarray(message.in_prompt, "u1")]
+    return np.concatenate([p.view(np.uint8) for p in parts])
