@@ -47,7 +47,8 @@ absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const Validat
 // ready event a GPU IPC copy waits for). Lists given inline are left alone; ValidateProcessors
 // then checks the lists read here as it checks inline ones. Host shm slices are copied with
 // GuardedCopy, GPU IPC slices (on `sampler`'s device) through `ipc`. Cost: one copy of the
-// slice, (B + 1) * 4 + N * 12 (bias) or N * 13 (history) bytes for N = row_offsets[B].
+// slice's (B + 1) * 4 + N * 8 (bias) or + N * 9 (history) bytes for N = row_offsets[B], and one
+// more into the vectors.
 //
 // Errors, prefixed with "<list>.region": Acquire's (NOT_FOUND; OUT_OF_RANGE when the region
 // does not hold the offsets or the N entries they announce); INVALID_ARGUMENT for a slice not
