@@ -41,6 +41,13 @@ void MaskedLogSoftmax(const float* z, const uint8_t* keep, float mx, int64_t n, 
   }
 }
 
+void UniformLogprobs(const uint8_t* keep, int64_t n, double* out) {
+  int64_t kept = 0;
+  for (int64_t j = 0; j < n; ++j) kept += keep[j] != 0;
+  const double value = -std::log(static_cast<double>(kept));
+  for (int64_t j = 0; j < n; ++j) out[j] = keep[j] ? value : -kInf;
+}
+
 void PointMassLogprobs(int32_t token, int64_t n, double* out) {
   for (int64_t j = 0; j < n; ++j) out[j] = j == token ? 0.0 : -kInf;
 }

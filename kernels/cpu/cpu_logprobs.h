@@ -25,6 +25,9 @@ void LogSoftmax(const float* values, int64_t n, double* out);
 // renormalised distribution over the survivors. `mx` is max z (finite); some kept z equals it.
 void MaskedLogSoftmax(const float* z, const uint8_t* keep, float mx, int64_t n, double* out);
 
+// out[j] = -log(number kept) for kept j, -inf elsewhere. Some j is kept.
+void UniformLogprobs(const uint8_t* keep, int64_t n, double* out);
+
 // out[token] = 0, -inf elsewhere (greedy rows' processed distribution).
 void PointMassLogprobs(int32_t token, int64_t n, double* out);
 

@@ -180,8 +180,8 @@ void ApplyTopP(const float* z, const int32_t* order, float mx, const RowParams& 
 
 // Which distribution the row was drawn from; decides the processed logprobs.
 enum class DrawKind {
-  kPointMass,  // greedy (or every finite z underflowed to -inf): all mass on the token
-  kInfinite,   // some z is +inf: uniform over the +inf entries
+  kPointMass,  // greedy: all mass on the token
+  kTopTies,    // max x / T is not finite: uniform over the tokens whose x is the row's max
   kFiltered,   // softmax(z) over the survivors in `keep`
 };
 
@@ -199,22 +199,19 @@ RowDraw DrawRow(const RowParams& p, int64_t n, RowScratch& s) {
 
   float* z = s.z.data();
   uint8_t* keep = s.keep.data();
-  bool any_positive_infinite = false;
   for (int64_t j = 0; j < n; ++j) {
     z[j] = x[j] / p.temperature;
     if (std::isnan(z[j])) return {};
-    if (z[j] == kInf) any_positive_infinite = true;
   }
-  if (any_positive_infinite) {
-    // The T-scaled distribution is the limit: uniform over the +inf entries; filters skipped.
-    for (int64_t j = 0; j < n; ++j) keep[j] = z[j] == kInf;
-    return {GumbelArgMax(nullptr, keep, n, p), DrawKind::kInfinite};
-  }
-
+  // x / T is monotone in x, so max z = max x / T. When that is +inf (a +inf logit, or x / T
+  // overflowed) or -inf (every finite x / T underflowed), every token below the max x is at
+  // least ~1e31 below it in exact z (DESIGN.md, "Arithmetic"): the distribution is uniform
+  // over the tokens at the max x, and every filter keeps them. No rescaling pass is needed.
   const float mx = *std::max_element(z, z + n);
-  if (mx == -kInf) {
-    // Every finite logit overflowed to -inf (|x| / T > FLT_MAX); the limit is the argmax of x.
-    return {ArgMax(x, n), DrawKind::kPointMass};
+  if (mx == kInf || mx == -kInf) {
+    const float top_x = *std::max_element(x, x + n);
+    for (int64_t j = 0; j < n; ++j) keep[j] = x[j] == top_x;
+    return {GumbelArgMax(nullptr, keep, n, p), DrawKind::kTopTies};
   }
   // -inf tokens have probability 0: they never survive, so no filter has to think about them.
   for (int64_t j = 0; j < n; ++j) keep[j] = z[j] != -kInf;
@@ -243,8 +240,8 @@ void FillLogprobs(const SampleArgs& args, const RowDraw& draw, int64_t n, const 
     case DrawKind::kPointMass:
       PointMassLogprobs(draw.token, n, out);
       return;
-    case DrawKind::kInfinite:
-      LogSoftmax(s.z.data(), n, out);  // log(1/n_inf) on the +inf entries, -inf elsewhere
+    case DrawKind::kTopTies:
+      UniformLogprobs(s.keep.data(), n, out);
       return;
     case DrawKind::kFiltered:
       MaskedLogSoftmax(s.z.data(), s.keep.data(), draw.mx, n, out);

@@ -86,7 +86,7 @@ struct FastCpuSampler::Impl {
   int64_t chunks = 0;  // per row
   std::vector<ChunkStats> stats;
   std::vector<std::unique_ptr<RowState>> rows;
-  std::vector<int64_t> selecting, drawn, argmax_rows;  // reused across calls
+  std::vector<int64_t> selecting, drawn;  // reused across calls
 };
 
 bool FastCpuSampler::Impl::SampleWithLogprobs(const SampleArgs& args) {
@@ -143,22 +143,14 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
     selecting.resize(kept);
   }
 
-  // 3. Draw (rows left to draw over the whole row) and argmax of x (overflowed rows).
+  // 3. Draw (rows left to draw over the whole row).
   drawn.clear();
-  argmax_rows.clear();
   for (int64_t row = 0; row < batch; ++row) {
     const Plan plan = rows[row]->plan;
-    if (plan == Plan::kDraw || plan == Plan::kInfDraw) drawn.push_back(row);
-    if (plan == Plan::kArgMaxX) argmax_rows.push_back(row);
+    if (plan == Plan::kDraw || plan == Plan::kTopTiesDraw) drawn.push_back(row);
   }
   if (!RunChunks(drawn, [&](int64_t row, int64_t c0, int64_t c1) {
         cpu_fast_internal::DrawChunks(args, row, c0, c1, *rows[row]);
-      })) {
-    return false;
-  }
-  if (!Run(static_cast<int64_t>(argmax_rows.size()), [&](int64_t i) {
-        const int64_t row = argmax_rows[i];
-        rows[row]->token = cpu_fast_internal::ArgMaxX(args, row);
       })) {
     return false;
   }
@@ -167,7 +159,7 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
   return Run(1, [&](int64_t) {
     for (int64_t row = 0; row < batch; ++row) {
       RowState& r = *rows[row];
-      if (r.plan == Plan::kDraw || r.plan == Plan::kInfDraw) {
+      if (r.plan == Plan::kDraw || r.plan == Plan::kTopTiesDraw) {
         r.token = static_cast<int32_t>(r.best_id);
       }
       args.token_ids[row] = r.status == RowStatus::kOk ? r.token : -1;

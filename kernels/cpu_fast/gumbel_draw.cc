@@ -54,10 +54,9 @@ void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, Row
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
     LoadChunk(args, row, begin, n, z);
-    Scale(z, n, p.temperature);
-    if (r.plan == Plan::kInfDraw) {
+    if (r.plan == Plan::kTopTiesDraw) {
       for (int64_t j = 0; j < n; ++j) {
-        if (z[j] != kInf) continue;
+        if (z[j] != r.top_x) continue;  // x: not scaled on this plan
         const float score = GumbelNoise(p.seed, p.position, static_cast<uint64_t>(begin + j));
         if (best < 0 || score > best_score) {
           best = begin + j;
@@ -66,6 +65,7 @@ void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, Row
       }
       continue;
     }
+    Scale(z, n, p.temperature);
     // Blocks of 4 tokens share one Philox call (begin is a multiple of 4).
     for (int64_t j0 = 0; j0 < n; j0 += 4) {
       const int64_t m = std::min<int64_t>(4, n - j0);

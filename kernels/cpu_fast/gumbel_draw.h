@@ -22,8 +22,8 @@ inline constexpr float kGumbelBelow = 2.9f;   // > minus the smallest Gumbel noi
 void WarmNoiseBounds();
 
 // Draws over chunks [c0, c1) of row `row` and offers the chunks' best to r (under r.mu).
-// Plan::kDraw: over the survivors, keys in [KeyOf(r.mx), r.draw_key]; Plan::kInfDraw:
-// uniformly over the z == +inf.
+// Plan::kDraw: over the survivors, keys in [KeyOf(r.mx), r.draw_key]; Plan::kTopTiesDraw:
+// uniformly over the tokens whose x is r.top_x.
 void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r);
 
 // Draws over r.candidates[0, kept) (sorted by z descending, then id) and offers the winner to

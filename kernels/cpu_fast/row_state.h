@@ -23,11 +23,10 @@ inline constexpr int kMaxBins = 1 << kBinBits;  // bins of one histogram pass
 using Mass = unsigned __int128;
 
 enum class Plan : uint8_t {
-  kDone,     // outputs decided
-  kInfDraw,  // some z is +inf: uniform over the +inf entries
-  kArgMaxX,  // every finite z overflowed to -inf: argmax of x
-  kSelect,   // finding the top-k / top-p thresholds
-  kDraw,     // Gumbel draw over keys <= draw_key (phase 3)
+  kDone,         // outputs decided
+  kTopTiesDraw,  // max x / T is +inf or -inf: uniform over the tokens at the max x
+  kSelect,       // finding the top-k / top-p thresholds
+  kDraw,         // Gumbel draw over keys <= draw_key (phase 3)
 };
 
 enum class Stage : uint8_t { kTopK, kTopP };
@@ -46,6 +45,7 @@ struct RowState {
   Plan plan = Plan::kDone;
   RowParams p;
   float mx = 0.0f;
+  float top_x = 0.0f;  // Plan::kTopTiesDraw: the row's max x
   float min_finite = 0.0f;
   float min_threshold = -kInf;  // min-p: keep z >= this
   float k_threshold = -kInf;

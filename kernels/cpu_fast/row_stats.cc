@@ -18,11 +18,14 @@ ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t chunk,
   ChunkStats s;
   bool nan_x = false;
   bool above = false;
+  float max_x = -kInf;
   for (int64_t j = 0; j < n; ++j) {
     nan_x |= x[j] != x[j];
     above |= x[j] != -kInf;
+    max_x = x[j] > max_x ? x[j] : max_x;
   }
   s.nan_x = nan_x;
+  s.max_x = max_x;
   s.any_above_neg_inf = above;
   if (p.temperature < kGreedyTemperature) {
     float m = -kInf;
@@ -56,7 +59,9 @@ void Decide(const SampleArgs& args, const ChunkStats* stats, int64_t chunks, Row
   bool nan_x = false, above = false, nan_z = false, pos_inf = false;
   int64_t best_chunk = 0;
   float lowest = kInf;
+  float top_x = -kInf;
   for (int64_t c = 0; c < chunks; ++c) {
+    top_x = std::max(top_x, s[c].max_x);
     nan_x |= s[c].nan_x;
     above |= s[c].any_above_neg_inf;
     nan_z |= s[c].nan_z;
@@ -85,13 +90,11 @@ void Decide(const SampleArgs& args, const ChunkStats* stats, int64_t chunks, Row
     r.status = RowStatus::kNan;
     return;
   }
-  if (pos_inf) {
-    r.plan = Plan::kInfDraw;
-    return;
-  }
   r.mx = s[best_chunk].max_value;
-  if (r.mx == -kInf) {
-    r.plan = Plan::kArgMaxX;
+  if (pos_inf || r.mx == -kInf) {
+    // max x / T is not finite: uniform over the tokens at the max x (the oracle's DrawRow).
+    r.plan = Plan::kTopTiesDraw;
+    r.top_x = top_x;
     return;
   }
   r.min_finite = lowest;
@@ -109,23 +112,6 @@ void Decide(const SampleArgs& args, const ChunkStats* stats, int64_t chunks, Row
   }
   r.plan = Plan::kSelect;
   r.stage = r.need_k ? Stage::kTopK : Stage::kTopP;
-}
-
-int32_t ArgMaxX(const SampleArgs& args, int64_t row) {
-  float* x = Scratch().x.data();
-  float best_value = 0.0f;
-  int64_t best = -1;
-  for (int64_t begin = 0; begin < args.vocab; begin += kChunk) {
-    const int64_t n = std::min(kChunk, args.vocab - begin);
-    LoadChunk(args, row, begin, n, x);
-    for (int64_t j = 0; j < n; ++j) {
-      if (best < 0 || x[j] > best_value) {
-        best = begin + j;
-        best_value = x[j];
-      }
-    }
-  }
-  return static_cast<int32_t>(best);
 }
 
 }  // namespace samplerd::kernels::cpu_fast_internal

@@ -1,7 +1,7 @@
 // Phase 1 of FastCpuSampler: one pass over each row's chunks for the statistics that decide
-// the row (NaN / -inf / +inf flags, max and min finite z, the greedy argmax), and the decision
-// itself: an output, or the plan of the passes the row still needs. Also the argmax of x for
-// rows whose every z overflowed to -inf. Internal to kernels/cpu_fast.
+// the row (NaN / -inf / +inf flags, max x, max and min finite z, the greedy argmax), and the
+// decision itself: an output, or the plan of the passes the row still needs. Internal to
+// kernels/cpu_fast.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_ROW_STATS_H_
 #define SAMPLERD_KERNELS_CPU_FAST_ROW_STATS_H_
 
@@ -15,6 +15,7 @@ namespace samplerd::kernels::cpu_fast_internal {
 // Phase 1 output of one (row, chunk).
 struct ChunkStats {
   float max_value = -kInf;  // of x (greedy) or z
+  float max_x = -kInf;      // of x (every row)
   float min_finite = kInf;  // smallest z > -inf
   int64_t arg = 0;          // greedy: first index of max_value
   bool nan_x = false;
@@ -32,9 +33,6 @@ ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t chunk,
 // top-k / top-p gets Plan::kSelect and its first stage; the caller then starts that stage
 // (StartStage in radix_select.h). r.p must hold the row's parameters.
 void Decide(const SampleArgs& args, const ChunkStats* stats, int64_t chunks, RowState& r);
-
-// The first index of the largest x of row `row` (the oracle's answer when every z is -inf).
-int32_t ArgMaxX(const SampleArgs& args, int64_t row);
 
 }  // namespace samplerd::kernels::cpu_fast_internal
 

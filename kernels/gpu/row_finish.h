@@ -113,14 +113,16 @@ struct RowSummary {
   uint32_t pos_inf_z;
   uint32_t not_neg_inf_x;
   bool candidates_ok;
-  ArgMaxPair drawn;  // rows drawn in the chunk pass: the best z + G over all chunks
+  ArgMaxPair drawn;  // rows drawn in the chunk pass (or tied): the best z + G over all chunks
   uint32_t candidate_total;
+  bool tied;  // candidates overflowed, and every chunk's finite z equal the row max (or none)
 };
 
 // Thread 0 combines; `staged` holds the row's chunk stats, loaded in parallel by the block
 // (one dependent global load per chunk cost ~20 µs per row, NOTES.md v2).
 __device__ inline RowSummary CombineChunks(const ChunkStats* staged, int chunks) {
-  RowSummary r{-kInfF, 0.0f, -kInfF, 0.0f, 0, 0, 0, 0, 0, true, ArgMaxPair{-kInfF, INT64_MAX}, 0};
+  RowSummary r{-kInfF, 0.0f, -kInfF, 0.0f, 0, 0, 0, 0, 0, true, ArgMaxPair{-kInfF, INT64_MAX},
+               0,      true};
   for (int c = 0; c < chunks; ++c) {
     r.max_z = fmaxf(r.max_z, staged[c].max_z);
     r.max_x = fmaxf(r.max_x, staged[c].max_x);
@@ -139,14 +141,17 @@ __device__ inline RowSummary CombineChunks(const ChunkStats* staged, int chunks)
     r.pos_inf_z += s.pos_inf_z;
     r.not_neg_inf_x += s.not_neg_inf_x;
     r.candidates_ok = r.candidates_ok && s.overflow == 0;
+    r.tied = r.tied && (s.max_z == -kInfF || (s.overflow != 0 && s.min_z == r.max_z));
     r.candidate_total += s.candidates;
     const ArgMaxPair drawn{s.best_score, s.best_index};
     if (Better(drawn, r.drawn)) r.drawn = drawn;
   }
+  r.tied = r.tied && !r.candidates_ok;  // some chunk overflowed
   return r;
 }
 
-enum class DrawKind : uint8_t { kPointMass, kInfinite, kFiltered };
+// kTopTies: max x / T is not finite, so the row is uniform over the tokens at the max x.
+enum class DrawKind : uint8_t { kPointMass, kTopTies, kFiltered };
 
 // Shared state of one row's block.
 

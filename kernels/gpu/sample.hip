@@ -249,26 +249,30 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   }
 
   const RowSource<kDType> z_source{row_ptr, p.rows.vocab, params.temperature, p.rows.procs, row};
+  const RowSource<kDType> x_source{row_ptr, p.rows.vocab, 1.0f, p.rows.procs, row};  // processed
   const CandidateSource candidates{p.candidate_key + row * p.rows.chunks * kCandidateCap,
                                    p.candidate_index + row * p.rows.chunks * kCandidateCap, stats,
                                    p.rows.chunks};
   const bool use_candidates = UsesCandidates(params, p.rows.vocab) && summary.candidates_ok;
+  const bool processed_logprobs =
+      p.top_logprobs >= 0 && p.logprob_source == LogprobSource::kProcessed;
+  const bool use_tied = UsesCandidates(params, p.rows.vocab) && summary.tied && !processed_logprobs;
   DrawKind kind = DrawKind::kFiltered;
   int64_t token = summary.argmax_x;
   uint32_t threshold = 0;
   uint64_t mass = 0, count = 0;
   if (IsGreedy(params)) {
     kind = DrawKind::kPointMass;
-  } else if (summary.pos_inf_z > 0) {
-    // Uniform over the +inf entries (the limit of the tempered distribution).
-    kind = DrawKind::kInfinite;
-    token = GumbelDraw(z_source, OrderedKey(kInfF), /*noise_only=*/true, 0.0f, params, sh, &mass,
-                       &count);
-  } else if (!(summary.max_z > -kInfF)) {
-    kind = DrawKind::kPointMass;  // every finite x / T underflowed to -inf: argmax of x
-  } else if (DrawsInChunkPass(params, p.rows.vocab) &&
-             !(p.top_logprobs >= 0 && p.logprob_source == LogprobSource::kProcessed)) {
+  } else if (summary.pos_inf_z > 0 || !(summary.max_z > -kInfF)) {
+    // max x / T is +inf (a +inf logit, or overflow) or -inf (every finite x / T underflowed):
+    // uniform over the tokens at the max x, as in the CPU reference (DESIGN.md, "Arithmetic").
+    kind = DrawKind::kTopTies;
+    token = GumbelDraw(x_source, OrderedKey(summary.max_x), /*noise_only=*/true, 0.0f, params, sh,
+                       &mass, &count);
+  } else if (DrawsInChunkPass(params, p.rows.vocab) && !processed_logprobs) {
     token = summary.drawn.index;  // drawn in the chunk pass; no survivor mass needed
+  } else if (use_tied) {
+    token = summary.drawn.index;  // every finite z ties at the max: every filter keeps them all
   } else if (use_candidates && summary.candidate_total <= static_cast<uint32_t>(kSortCap)) {
     token = SortedCandidatesDraw(p, row, params, summary, sh, &threshold, &mass, &count);
   } else if (use_candidates) {
@@ -307,11 +311,12 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
       view.point_mass = true;
       view.eligible = 1;
       break;
-    case DrawKind::kInfinite:
-      view.lo = OrderedKey(kInfF);
+    case DrawKind::kTopTies:
+      view.temperature = 1.0f;  // eligible: the processed x at the max
+      view.lo = OrderedKey(summary.max_x);
       view.constant = true;
-      view.value_constant = -log(static_cast<double>(summary.pos_inf_z));
-      view.eligible = summary.pos_inf_z;
+      view.value_constant = -log(static_cast<double>(count));
+      view.eligible = count;
       break;
     case DrawKind::kFiltered:
       view.lo = threshold;
@@ -322,6 +327,8 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   }
   if (kind == DrawKind::kFiltered && use_candidates) {
     WriteLogprobs<kDType>(p, row, row_ptr, candidates, view, token, sh);
+  } else if (kind == DrawKind::kTopTies) {
+    WriteLogprobs<kDType>(p, row, row_ptr, x_source, view, token, sh);
   } else {
     WriteLogprobs<kDType>(p, row, row_ptr, z_source, view, token, sh);
   }

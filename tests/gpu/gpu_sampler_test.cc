@@ -3,6 +3,7 @@
 // invariance and repeatability. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -141,6 +142,114 @@ TEST_F(GpuSamplerTest, DegenerateRowsMatchTheCpuReference) {
       std::mt19937_64 rng(7);
       SetParams(b, setting.params, rng);
       for (int32_t top_n : {-1, 3}) {
+        for (LogprobSource source : {LogprobSource::kRaw, LogprobSource::kProcessed}) {
+          b.top_logprobs = top_n;
+          b.source = source;
+          const Outputs cpu = RunCpu(b);
+          const Outputs gpu = RunGpu(b);
+          SCOPED_TRACE(std::string(setting.name) + " " + DTypeName(dtype));
+          EXPECT_EQ(gpu.status, cpu.status);
+          EXPECT_EQ(gpu.tokens, cpu.tokens);
+          ExpectLogprobsMatch(gpu, cpu);
+        }
+      }
+    }
+  }
+}
+
+// Rows whose max x / T overflows to +inf or underflows to -inf at the fp32 limits (issue 12,
+// item 3): uniform over the tokens at the max x, drawn from G alone, so GPU = CPU exactly.
+Batch LimitBatch(DType dtype) {
+  Batch b;
+  b.dtype = dtype;
+  b.batch = 6;
+  b.vocab = 20000;  // three chunks
+  b.row_stride = b.vocab;
+  const int64_t elem = DTypeSize(dtype);
+  b.bytes.assign(b.batch * b.vocab * elem, 0);
+  const float top = std::numeric_limits<float>::max();
+  for (int64_t j = 0; j < b.vocab; ++j) {
+    const float spread = 1e37f * static_cast<float>(j % 23 - 11);  // +-1.1e38
+    const float values[] = {
+        j == 15000 ? 3e38f : spread,      // one max, overflows
+        j % 9000 == 17 ? 2e38f : spread,  // three tied, overflow
+        j == 333 || j == 19999 ? top : (j % 2 ? std::nextafter(top, 0.0f) : spread),
+        j % 7000 == 5 ? -1e38f : -3e38f + 0.1f * spread,  // all underflow at T 0.25
+        j == 8192 ? 3e38f : (j % 3 ? 2.9e38f : -kInf),    // issue 12's row, wide
+        spread * 1e-20f,  // +-1.1e18: z stays finite, an ordinary (if very peaked) row
+    };
+    for (int64_t r = 0; r < b.batch; ++r) {
+      StoreValue(dtype, values[r], &b.bytes[(r * b.vocab + j) * elem]);
+    }
+  }
+  return b;
+}
+
+TEST_F(GpuSamplerTest, RowsAtTheFp32LimitsMatchTheCpuReference) {
+  for (DType dtype : {DType::kFp32, DType::kBf16}) {
+    for (const Setting& setting : kSettings) {
+      for (float temperature : {0.05f, 0.25f}) {
+        Batch b = LimitBatch(dtype);
+        std::mt19937_64 rng(11);
+        RowParams params = setting.params;
+        if (params.temperature != 0.0f) params.temperature = temperature;
+        SetParams(b, params, rng);
+        for (int32_t top_n : {-1, 3}) {
+          b.top_logprobs = top_n;
+          b.source = LogprobSource::kProcessed;
+          const Outputs cpu = RunCpu(b);
+          const Outputs gpu = RunGpu(b);
+          SCOPED_TRACE(std::string(setting.name) + " " + DTypeName(dtype) + " T " +
+                       std::to_string(temperature));
+          EXPECT_EQ(gpu.status, cpu.status);
+          EXPECT_EQ(gpu.tokens, cpu.tokens);
+          ExpectLogprobsMatch(gpu, cpu);
+          for (int64_t r = 0; r + 1 < b.batch; ++r) {  // the last row is an ordinary one
+            float row_max = -kInf;
+            const uint8_t* row = &b.bytes[r * b.vocab * DTypeSize(dtype)];
+            for (int64_t j = 0; j < b.vocab; ++j)
+              row_max = std::max(row_max, LoadValue(dtype, row, j));
+            EXPECT_EQ(LoadValue(dtype, row, gpu.tokens[r]), row_max) << "row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Flat rows: every finite logit equal, so a top-k row's chunks overflow their candidate lists
+// and the row is finished from pass 1's tied best (v11). Also rows that look flat but are not.
+Batch FlatBatch(DType dtype) {
+  Batch b;
+  b.dtype = dtype;
+  b.batch = 6;
+  b.vocab = 20000;  // chunks of 8192, 8192 and 3616 tokens
+  b.row_stride = b.vocab;
+  const int64_t elem = DTypeSize(dtype);
+  b.bytes.assign(b.batch * b.vocab * elem, 0);
+  for (int64_t j = 0; j < b.vocab; ++j) {
+    const float values[] = {
+        1.5f,                             // flat
+        j % 2 ? -kInf : -2.0f,            // flat, half masked: every chunk still overflows
+        j % 40 ? -kInf : 0.25f,           // flat, sparse: no chunk overflows
+        j == 12345 ? 1.5f + 0.5f : 1.5f,  // one token above the rest: not tied
+        j == 19000 ? 1.5f - 0.5f : 1.5f,  // one token below, in the last chunk: not tied
+        j < 8192 ? -kInf : 3.0f,          // flat, first chunk all -inf
+    };
+    for (int64_t r = 0; r < b.batch; ++r) {
+      StoreValue(dtype, values[r], &b.bytes[(r * b.vocab + j) * elem]);
+    }
+  }
+  return b;
+}
+
+TEST_F(GpuSamplerTest, FlatRowsUnderEveryFilterMatchTheCpuReference) {
+  for (DType dtype : kDTypes) {
+    for (const Setting& setting : kSettings) {
+      Batch b = FlatBatch(dtype);
+      std::mt19937_64 rng(13);
+      SetParams(b, setting.params, rng);
+      for (int32_t top_n : {-1, 2}) {
         for (LogprobSource source : {LogprobSource::kRaw, LogprobSource::kProcessed}) {
           b.top_logprobs = top_n;
           b.source = source;

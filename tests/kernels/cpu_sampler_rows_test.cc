@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/common/sampling_types.h"
@@ -144,22 +145,52 @@ TEST(CpuSampler, PositiveInfinityRowIsUniformOverTheInfiniteEntriesAndSkipsFilte
   EXPECT_NEAR(ones, 200, 50);  // Binomial(400, 1/2): sd 10
 }
 
-TEST(CpuSampler, LogitsThatOverflowUnderTemperatureCountAsInfinite) {
-  // 3e38 / 0.5 overflows to +inf; 1e38 / 0.5 does not, so only token 0 is left.
-  for (int32_t t : DrawTokens({3e38f, 1e38f, 0.0f}, Params(0.5f, 8), 100)) EXPECT_EQ(t, 0);
-  EXPECT_EQ(Seen(DrawTokens({3e38f, 3e38f, 1.0f}, Params(0.1f, 8), 200), 3),
-            (std::vector<bool>{true, true, false}));
+TEST(CpuSampler, LogitsThatOverflowUnderTemperatureDrawTheMaxLogit) {
+  // 3e38 / 0.5 and 2.9e38 / 0.5 both overflow to +inf in fp32, but in exact arithmetic token 0
+  // is 2e37 above token 1: the answer is token 0 every time (issue 12, item 3), not 50/50.
+  for (int32_t t : DrawTokens({3e38f, 2.9e38f, 0.0f}, Params(0.5f, 8), 200)) EXPECT_EQ(t, 0);
+  // The same at a tiny temperature: 1e34 / 2e-5 overflows, and 1e34 - 9e33 = 1e33 decides.
+  for (int32_t t : DrawTokens({1e34f, 9e33f}, Params(2e-5f, 3), 200)) EXPECT_EQ(t, 0);
+  // At FLT_MAX itself, one ulp (2^104) apart: still decisive at T = 0.5.
+  const float top = std::numeric_limits<float>::max();
+  const float below = std::nextafter(top, 0.0f);
+  for (int32_t t : DrawTokens({below, top, below}, Params(0.5f, 4), 200)) EXPECT_EQ(t, 1);
+  // Every filter keeps the max; the token does not change.
+  RowParams filtered = Params(0.5f, 8);
+  filtered.top_k = 1;
+  filtered.top_p = 0.1f;
+  filtered.min_p = 0.5f;
+  for (int32_t t : DrawTokens({3e38f, 2.9e38f, 0.0f}, filtered, 100)) EXPECT_EQ(t, 0);
 }
 
-TEST(CpuSampler, LogitsThatAllOverflowToMinusInfinityFallBackToTheArgmax) {
-  // -3e38 / 0.5 and -2e38 / 0.5 are both -inf in fp32, though the row has finite logits: the
-  // T -> 0 limit of the distribution is the raw argmax (documented in kernels/README.md).
+TEST(CpuSampler, OverflowingLogitsTiedAtTheMaxDrawUniformlyAmongThem) {
+  const std::vector<float> x = {3e38f, 1.0f, 3e38f, 2.9e38f};
+  const std::vector<int32_t> tokens = DrawTokens(x, Params(0.1f, 8), 400);
+  int zeros = 0;
+  for (int32_t t : tokens) zeros += t == 0;
+  EXPECT_EQ(Seen(tokens, 4), (std::vector<bool>{true, false, true, false}));
+  EXPECT_NEAR(zeros, 200, 50);  // Binomial(400, 1/2): sd 10
+  // Processed logprobs: log(1/2) on the two, -inf elsewhere; the drawn token ranks first.
+  const RowResult r = SampleOne(x, Params(0.1f, 8), 3, LogprobSource::kProcessed);
+  EXPECT_EQ(r.status, RowStatus::kOk);
+  EXPECT_EQ(r.logprob, static_cast<float>(-std::log(2.0)));
+  EXPECT_EQ(r.rank, 1);
+  EXPECT_EQ(r.top_ids, (std::vector<int32_t>{0, 2, 1}));
+  EXPECT_EQ(r.top_values[2], -kInf);
+}
+
+TEST(CpuSampler, LogitsThatAllUnderflowToMinusInfinityDrawTheMaxLogit) {
+  // -3e38 / 0.5 and -2e38 / 0.5 are both -inf in fp32, though the row has finite logits; in
+  // exact arithmetic token 1 is 2e38 above token 0, so it is drawn every time.
   const std::vector<float> x = {-3e38f, -2e38f, -kInf};
   for (int32_t t : DrawTokens(x, Params(0.5f, 8), 50)) EXPECT_EQ(t, 1);
   const RowResult r = SampleOne(x, Params(0.5f, 8), 2, LogprobSource::kProcessed);
   EXPECT_EQ(r.status, RowStatus::kOk);
   EXPECT_EQ(r.logprob, 0.0f);
   EXPECT_EQ(r.top_ids, (std::vector<int32_t>{1, 0}));
+  // Tied at the max: uniform among them (the lowest index every time before issue 12, item 3).
+  EXPECT_EQ(Seen(DrawTokens({-3e38f, -3.2e38f, -3e38f}, Params(0.5f, 2), 200), 3),
+            (std::vector<bool>{true, false, true}));
 }
 
 TEST(CpuSampler, VocabOfOneAlwaysReturnsTokenZero) {

@@ -4,6 +4,7 @@
 // sampled tokens equal except at a float near-tie of the two best perturbed scores.
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -351,6 +352,59 @@ TEST(FastCpuSamplerTest, FlatAndTiedRowsUnderEveryFilterMatchTheOracle) {
     }
   }
   EXPECT_LE(differences, 1);
+}
+
+TEST(FastCpuSamplerTest, RowsAtTheFp32LimitsMatchTheOracleExactly) {
+  // Rows whose max x / T overflows to +inf or underflows to -inf: uniform over the tokens at the
+  // max x (DESIGN.md, "Arithmetic"). The tokens are drawn from G alone, so the fast sampler and
+  // the oracle must agree exactly, over several chunks and under every filter.
+  std::mt19937_64 rng(77);
+  FastCpuSampler sampler(Threads(2));
+  const int64_t vocab = 50000;
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const float top = std::numeric_limits<float>::max();
+  Batch b;
+  b.dtype = DType::kFp32;
+  b.batch = 48;
+  b.vocab = vocab;
+  b.values.resize(b.batch * vocab);
+  for (int64_t row = 0; row < b.batch; ++row) {
+    float* x = &b.values[row * vocab];
+    const int kind = static_cast<int>(row % 4);
+    for (int64_t j = 0; j < vocab; ++j) {
+      const float base = 1e37f * normal(rng);  // |x| / T overflows for many tokens at T <= 0.1
+      x[j] = kind == 3 ? -3e38f + std::fabs(base) : base;
+    }
+    // kind 0: one max; 1: three tokens tied at a max that overflows; 2: at FLT_MAX, with the
+    // next float below it elsewhere; 3: every x / T underflows, two tied at the max.
+    if (kind == 0) x[rng() % vocab] = 3e38f;
+    if (kind == 1) {
+      for (int t = 0; t < 3; ++t) x[rng() % vocab] = 2e38f;
+    }
+    if (kind == 2) {
+      for (int t = 0; t < 2; ++t) x[rng() % vocab] = top;
+      for (int t = 0; t < 5; ++t) x[rng() % vocab] = std::nextafter(top, 0.0f);
+    }
+    if (kind == 3) {
+      x[rng() % vocab] = -1e38f;
+      x[rng() % vocab] = -1e38f;
+    }
+    RowParams p = kSettings[rng() % std::size(kSettings)].params;
+    p.temperature = kind == 3 ? 0.25f : 0.05f;
+    p.seed = rng();
+    p.position = rng() % 1000;
+    b.params.push_back(p);
+  }
+  b.Encode();
+  const Outputs fast = RunFast(b, sampler);
+  const Outputs oracle = RunOracle(b);
+  EXPECT_EQ(fast.status, oracle.status);
+  EXPECT_EQ(fast.tokens, oracle.tokens);
+  for (int64_t row = 0; row < b.batch; ++row) {
+    float row_max = -kInf;
+    for (int64_t j = 0; j < vocab; ++j) row_max = std::max(row_max, b.At(row, j));
+    EXPECT_EQ(b.At(row, oracle.tokens[row]), row_max) << "row " << row;
+  }
 }
 
 TEST(FastCpuSamplerTest, EverySelectionPathMatchesTheOracle) {

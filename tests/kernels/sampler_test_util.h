@@ -7,6 +7,7 @@
 #ifndef SAMPLERD_TESTS_KERNELS_SAMPLER_TEST_UTIL_H_
 #define SAMPLERD_TESTS_KERNELS_SAMPLER_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -125,14 +126,20 @@ inline std::vector<float> Scaled(const std::vector<float>& x, float t) {
 }
 
 // The set of tokens that may be drawn (non-greedy rows without NaN).
+// Whether max z is +inf or -inf: the row is uniform over the tokens at its max x (DESIGN.md,
+// "Arithmetic").
+inline bool TopTiesRow(const std::vector<float>& z) {
+  const float mx = *std::max_element(z.begin(), z.end());
+  return mx == kInf || mx == -kInf;
+}
+
 inline std::vector<bool> ReferenceSupport(const std::vector<float>& x, const RowParams& p) {
   const size_t n = x.size();
   const std::vector<float> z = Scaled(x, p.temperature);
   std::vector<bool> keep(n, false);
-  bool any_inf = false;
-  for (float v : z) any_inf = any_inf || v == kInf;
-  if (any_inf) {
-    for (size_t j = 0; j < n; ++j) keep[j] = z[j] == kInf;
+  if (TopTiesRow(z)) {
+    const float top = *std::max_element(x.begin(), x.end());
+    for (size_t j = 0; j < n; ++j) keep[j] = x[j] == top;
     return keep;
   }
   double mx = -kInf;
@@ -165,20 +172,17 @@ inline std::vector<bool> ReferenceSupport(const std::vector<float>& x, const Row
 }
 
 // The exact distribution draws follow: softmax(z) renormalised over the support, in double
-// (uniform over the +inf entries for +inf rows).
+// (uniform over the tokens at the max x when max z is not finite).
 inline std::vector<double> ReferenceDistribution(const std::vector<float>& x, const RowParams& p) {
   const std::vector<bool> keep = ReferenceSupport(x, p);
   const std::vector<float> z = Scaled(x, p.temperature);
-  bool any_inf = false;
+  const bool uniform = TopTiesRow(z);
   double mx = -kInf;
-  for (float v : z) {
-    any_inf = any_inf || v == kInf;
-    mx = std::fmax(mx, v);
-  }
+  for (float v : z) mx = std::fmax(mx, v);
   std::vector<double> prob(x.size(), 0.0);
   double total = 0.0;
   for (size_t j = 0; j < x.size(); ++j) {
-    if (keep[j]) prob[j] = any_inf ? 1.0 : std::exp(static_cast<double>(z[j]) - mx);
+    if (keep[j]) prob[j] = uniform ? 1.0 : std::exp(static_cast<double>(z[j]) - mx);
     total += prob[j];
   }
   for (double& q : prob) q /= total;
@@ -186,19 +190,18 @@ inline std::vector<double> ReferenceDistribution(const std::vector<float>& x, co
 }
 
 // The token the Gumbel-max draw must return: argmax over the reference support of z_j + G_j in
-// fp32 (G_j alone for +inf rows), lowest index on ties. Uses the Philox stream that
+// fp32 (G_j alone when max z is not finite), lowest index on ties. Uses the Philox stream that
 // philox_test.cc checks against known answers.
 inline int32_t ReferenceDraw(const std::vector<float>& x, const RowParams& p) {
   const std::vector<bool> keep = ReferenceSupport(x, p);
   const std::vector<float> z = Scaled(x, p.temperature);
-  bool any_inf = false;
-  for (float v : z) any_inf = any_inf || v == kInf;
+  const bool uniform = TopTiesRow(z);
   int32_t best = -1;
   float best_score = -kInf;
   for (size_t j = 0; j < x.size(); ++j) {
     if (!keep[j]) continue;
     const float g = GumbelNoise(p.seed, p.position, j);
-    const float score = any_inf ? g : z[j] + g;
+    const float score = uniform ? g : z[j] + g;
     if (best < 0 || score > best_score) {
       best = static_cast<int32_t>(j);
       best_score = score;
