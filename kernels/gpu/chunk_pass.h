@@ -245,33 +245,33 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     total = candidate_count;
     overflow = total > static_cast<uint32_t>(kCandidateCap);
     if (overflow) total = 0;
-  }
-  // A chunk whose finite z all tie (a flat row) makes every token a candidate and overflows.
-  // Every filter keeps a row whose finite z all tie, and its token is then the Gumbel-max over
-  // the row, as for plain temperature: so an overflowing chunk also gives its min finite z and
-  // its best z + G, and RowFinishKernel takes the row's best when every chunk ties at the row
-  // max (v11; it re-read the row several times before: NOTES.md item 6). Rare, so not unrolled.
-  if (overflow) {
-    float lowest = kInfF;
-    ArgMaxPair best{-kInfF, INT64_MAX};
+    // A chunk whose finite z all tie (a flat row) makes every token a candidate and overflows.
+    // Every filter keeps a row whose finite z all tie, and its token is then the Gumbel-max over
+    // the row, as for plain temperature: so an overflowing chunk also gives its min finite z and
+    // its best z + G, and RowFinishKernel takes the row's best when every chunk ties at the row
+    // max (v11; it re-read the row several times before: NOTES.md item 6). Rare, so not unrolled.
+    if (overflow) {
+      float lowest = kInfF;
+      ArgMaxPair best{-kInfF, INT64_MAX};
 #pragma unroll 1
-    for (int g = 0; g < kItemsPerThread / 4; ++g) {
-      const int64_t group = ItemIndex(begin, g * 4);
-      if (group >= end) break;  // groups run in index order
-      float v[4];
-      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, group, end, v);
-      const PhiloxCounter bits = Philox4x32x10(PhiloxCounterFor(params.position, group), key);
+      for (int g = 0; g < kItemsPerThread / 4; ++g) {
+        const int64_t group = ItemIndex(begin, g * 4);
+        if (group >= end) break;  // groups run in index order
+        float v[4];
+        p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, group, end, v);
+        const PhiloxCounter bits = Philox4x32x10(PhiloxCounterFor(params.position, group), key);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float z = temper(v[e]);
-        if (!(z > -kInfF)) continue;
-        lowest = fminf(lowest, z);
-        const ArgMaxPair scored{z + GumbelFromUniform(UniformFromBits(bits.word[e])), group + e};
-        if (Better(scored, best)) best = scored;
+        for (int e = 0; e < 4; ++e) {
+          const float z = temper(v[e]);
+          if (!(z > -kInfF)) continue;
+          lowest = fminf(lowest, z);
+          const ArgMaxPair scored{z + GumbelFromUniform(UniformFromBits(bits.word[e])), group + e};
+          if (Better(scored, best)) best = scored;
+        }
       }
+      min_z = Reduce::Min(reduce, lowest);
+      draw = Reduce::ArgMax(reduce, best);
     }
-    min_z = Reduce::Min(reduce, lowest);
-    draw = Reduce::ArgMax(reduce, best);
   }
 
   if (threadIdx.x == 0) {

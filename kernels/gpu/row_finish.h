@@ -115,14 +115,14 @@ struct RowSummary {
   bool candidates_ok;
   ArgMaxPair drawn;  // rows drawn in the chunk pass (or tied): the best z + G over all chunks
   uint32_t candidate_total;
-  bool tied;  // candidates overflowed, and every chunk's finite z equal the row max (or none)
+  bool tied;  // a flat row: TiedAtRowMax, set only for top-k rows whose candidates overflowed
 };
 
 // Thread 0 combines; `staged` holds the row's chunk stats, loaded in parallel by the block
 // (one dependent global load per chunk cost ~20 µs per row, NOTES.md v2).
 __device__ inline RowSummary CombineChunks(const ChunkStats* staged, int chunks) {
   RowSummary r{-kInfF, 0.0f, -kInfF, 0.0f, 0, 0, 0, 0, 0, true, ArgMaxPair{-kInfF, INT64_MAX},
-               0,      true};
+               0,      false};
   for (int c = 0; c < chunks; ++c) {
     r.max_z = fmaxf(r.max_z, staged[c].max_z);
     r.max_x = fmaxf(r.max_x, staged[c].max_x);
@@ -141,13 +141,21 @@ __device__ inline RowSummary CombineChunks(const ChunkStats* staged, int chunks)
     r.pos_inf_z += s.pos_inf_z;
     r.not_neg_inf_x += s.not_neg_inf_x;
     r.candidates_ok = r.candidates_ok && s.overflow == 0;
-    r.tied = r.tied && (s.max_z == -kInfF || (s.overflow != 0 && s.min_z == r.max_z));
     r.candidate_total += s.candidates;
     const ArgMaxPair drawn{s.best_score, s.best_index};
     if (Better(drawn, r.drawn)) r.drawn = drawn;
   }
-  r.tied = r.tied && !r.candidates_ok;  // some chunk overflowed
   return r;
+}
+
+// Whether every chunk with a finite z overflowed its candidates with all its finite z equal to
+// the row max (pass 1 then drew the row: a flat row, v11).
+__device__ inline bool TiedAtRowMax(const ChunkStats* staged, int chunks, float row_max) {
+  for (int c = 0; c < chunks; ++c) {
+    const ChunkStats& s = staged[c];
+    if (s.max_z != -kInfF && !(s.overflow != 0 && s.min_z == row_max)) return false;
+  }
+  return true;
 }
 
 // kTopTies: max x / T is not finite, so the row is uniform over the tokens at the max x.

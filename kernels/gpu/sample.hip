@@ -211,6 +211,10 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   __syncthreads();
   if (threadIdx.x == 0) {
     sh.summary = CombineChunks(sh.staged, p.rows.chunks);
+    // Here, while the chunk stats are staged (the select storage reuses their memory), and only
+    // for the rows that can use it: every row paid ~1 µs when CombineChunks did it (v11).
+    sh.summary.tied = UsesCandidates(params, p.rows.vocab) && !sh.summary.candidates_ok &&
+                      TiedAtRowMax(sh.staged, p.rows.chunks, sh.summary.max_z);
     uint32_t offset = 0;
     for (int c = 0; c < p.rows.chunks; ++c) {
       sh.candidate_offset[c] = offset;
@@ -249,14 +253,15 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   }
 
   const RowSource<kDType> z_source{row_ptr, p.rows.vocab, params.temperature, p.rows.procs, row};
-  const RowSource<kDType> x_source{row_ptr, p.rows.vocab, 1.0f, p.rows.procs, row};  // processed
+  // The processed x (the rows of step 4's limit). Made where it is used: a RowSource kept live
+  // across the whole finish spilled registers, and cost greedy rows ~1 µs (v11).
+  auto x_source = [&] { return RowSource<kDType>{row_ptr, p.rows.vocab, 1.0f, p.rows.procs, row}; };
   const CandidateSource candidates{p.candidate_key + row * p.rows.chunks * kCandidateCap,
                                    p.candidate_index + row * p.rows.chunks * kCandidateCap, stats,
                                    p.rows.chunks};
   const bool use_candidates = UsesCandidates(params, p.rows.vocab) && summary.candidates_ok;
   const bool processed_logprobs =
       p.top_logprobs >= 0 && p.logprob_source == LogprobSource::kProcessed;
-  const bool use_tied = UsesCandidates(params, p.rows.vocab) && summary.tied && !processed_logprobs;
   DrawKind kind = DrawKind::kFiltered;
   int64_t token = summary.argmax_x;
   uint32_t threshold = 0;
@@ -267,11 +272,11 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     // max x / T is +inf (a +inf logit, or overflow) or -inf (every finite x / T underflowed):
     // uniform over the tokens at the max x, as in the CPU reference (DESIGN.md, "Arithmetic").
     kind = DrawKind::kTopTies;
-    token = GumbelDraw(x_source, OrderedKey(summary.max_x), /*noise_only=*/true, 0.0f, params, sh,
+    token = GumbelDraw(x_source(), OrderedKey(summary.max_x), /*noise_only=*/true, 0.0f, params, sh,
                        &mass, &count);
   } else if (DrawsInChunkPass(params, p.rows.vocab) && !processed_logprobs) {
     token = summary.drawn.index;  // drawn in the chunk pass; no survivor mass needed
-  } else if (use_tied) {
+  } else if (summary.tied && !processed_logprobs) {
     token = summary.drawn.index;  // every finite z ties at the max: every filter keeps them all
   } else if (use_candidates && summary.candidate_total <= static_cast<uint32_t>(kSortCap)) {
     token = SortedCandidatesDraw(p, row, params, summary, sh, &threshold, &mass, &count);
@@ -328,7 +333,7 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   if (kind == DrawKind::kFiltered && use_candidates) {
     WriteLogprobs<kDType>(p, row, row_ptr, candidates, view, token, sh);
   } else if (kind == DrawKind::kTopTies) {
-    WriteLogprobs<kDType>(p, row, row_ptr, x_source, view, token, sh);
+    WriteLogprobs<kDType>(p, row, row_ptr, x_source(), view, token, sh);
   } else {
     WriteLogprobs<kDType>(p, row, row_ptr, z_source, view, token, sh);
   }

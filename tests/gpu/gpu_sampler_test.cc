@@ -135,15 +135,17 @@ Batch DegenerateBatch(DType dtype) {
   return b;
 }
 
-TEST_F(GpuSamplerTest, DegenerateRowsMatchTheCpuReference) {
+// Runs `make(dtype)` under every setting, dtype and logprob mode (none, or top_n from the raw or
+// the processed distribution) on both backends: statuses, tokens and logprobs must be equal.
+void ExpectEverySettingMatchesTheCpu(Batch (*make)(DType), uint64_t seed, int32_t top_n) {
   for (DType dtype : kDTypes) {
     for (const Setting& setting : kSettings) {
-      Batch b = DegenerateBatch(dtype);
-      std::mt19937_64 rng(7);
+      Batch b = make(dtype);
+      std::mt19937_64 rng(seed);
       SetParams(b, setting.params, rng);
-      for (int32_t top_n : {-1, 3}) {
+      for (int32_t n : {-1, top_n}) {
         for (LogprobSource source : {LogprobSource::kRaw, LogprobSource::kProcessed}) {
-          b.top_logprobs = top_n;
+          b.top_logprobs = n;
           b.source = source;
           const Outputs cpu = RunCpu(b);
           const Outputs gpu = RunGpu(b);
@@ -155,6 +157,10 @@ TEST_F(GpuSamplerTest, DegenerateRowsMatchTheCpuReference) {
       }
     }
   }
+}
+
+TEST_F(GpuSamplerTest, DegenerateRowsMatchTheCpuReference) {
+  ExpectEverySettingMatchesTheCpu(DegenerateBatch, 7, 3);
 }
 
 // Rows whose max x / T overflows to +inf or underflows to -inf at the fp32 limits (issue 12,
@@ -244,25 +250,7 @@ Batch FlatBatch(DType dtype) {
 }
 
 TEST_F(GpuSamplerTest, FlatRowsUnderEveryFilterMatchTheCpuReference) {
-  for (DType dtype : kDTypes) {
-    for (const Setting& setting : kSettings) {
-      Batch b = FlatBatch(dtype);
-      std::mt19937_64 rng(13);
-      SetParams(b, setting.params, rng);
-      for (int32_t top_n : {-1, 2}) {
-        for (LogprobSource source : {LogprobSource::kRaw, LogprobSource::kProcessed}) {
-          b.top_logprobs = top_n;
-          b.source = source;
-          const Outputs cpu = RunCpu(b);
-          const Outputs gpu = RunGpu(b);
-          SCOPED_TRACE(std::string(setting.name) + " " + DTypeName(dtype));
-          EXPECT_EQ(gpu.status, cpu.status);
-          EXPECT_EQ(gpu.tokens, cpu.tokens);
-          ExpectLogprobsMatch(gpu, cpu);
-        }
-      }
-    }
-  }
+  ExpectEverySettingMatchesTheCpu(FlatBatch, 13, 2);
 }
 
 TEST_F(GpuSamplerTest, LogprobsMatchTheCpuReference) {
