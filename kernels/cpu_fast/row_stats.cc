@@ -1,4 +1,4 @@
-// Phase 1 of FastCpuSampler (row statistics and the per-row decision) and the argmax of x.
+// Phase 1 of FastCpuSampler: row statistics and the per-row decision.
 #include "kernels/cpu_fast/row_stats.h"
 
 #include <algorithm>
