@@ -2,6 +2,7 @@ package samplerd
 
 import (
 	"encoding/binary"
+	"math"
 	"sort"
 
 	"samplerd.dev/client/go/samplerdv1"
@@ -23,11 +24,13 @@ type processorConfig struct {
 	bitmaskRows   [][]int32
 	bitmaskRegion *samplerdv1.RegionSlice
 
-	biasAll  map[int32]float32 // one map for every row
-	biasRows []map[int32]float32
+	biasAll    map[int32]float32 // one map for every row
+	biasRows   []map[int32]float32
+	biasRegion *samplerdv1.RegionSlice
 
 	history        bool // TokenHistory was given
 	prompt, output [][]int32
+	historyRegion  *samplerdv1.RegionSlice
 }
 
 // BitmaskWords is the number of int32 words per row of a bitmask for vocab tokens,
@@ -61,12 +64,32 @@ func TokenBitmaskRegion(region string, offset uint64) SampleOption {
 // LogitBias adds bias[t] to the logit of token t in every row (OpenAI's logit_bias); +Inf
 // forces a token, -Inf bans it.
 func LogitBias(bias map[int32]float32) SampleOption {
-	return func(c *sampleConfig) { c.biasAll, c.biasRows = bias, nil }
+	return func(c *sampleConfig) { c.biasAll, c.biasRows, c.biasRegion = bias, nil, nil }
 }
 
 // LogitBiasRows is LogitBias with one map per row (B maps; nil for a row without bias).
 func LogitBiasRows(rows []map[int32]float32) SampleOption {
-	return func(c *sampleConfig) { c.biasAll, c.biasRows = nil, rows }
+	return func(c *sampleConfig) { c.biasAll, c.biasRows, c.biasRegion = nil, rows, nil }
+}
+
+// LogitBiasRegion reads the logit-bias lists from a registered region (host shm, or GPU IPC
+// memory on the logits' device) at byte offset (aligned to 4), packed as PackLogitBias lays
+// them out, so that an engine rewrites them in place each step instead of sending them. The
+// server reads B + 1 row offsets there, then the N = row_offsets[B] entries; a region too small
+// for them is OUT_OF_RANGE.
+func LogitBiasRegion(region string, offset uint64) SampleOption {
+	return func(c *sampleConfig) {
+		c.biasAll, c.biasRows = nil, nil
+		c.biasRegion = &samplerdv1.RegionSlice{Region: region, Offset: offset}
+	}
+}
+
+// PackLogitBias returns rows (one map per row, nil for a row without bias) packed as a region
+// holds them for LogitBiasRegion (processors.proto, LogitBias.region), little-endian:
+// uint32 row_offsets[B + 1], int32 token_ids[N], float32 biases[N], each row's tokens in
+// increasing order, as LogitBiasRows sends them: (B + 1 + 2N) * 4 bytes.
+func PackLogitBias(rows []map[int32]float32) []byte {
+	return packLogitBias(logitBiasRows(rows))
 }
 
 // RepetitionPenalty sets vLLM's repetition penalty r > 0 (1 is off): the logit x of every token
@@ -85,7 +108,41 @@ func FrequencyPenalty(f ...float32) SampleOption { return func(c *sampleConfig) 
 // output's so far (B slices each; either may be nil for none, as may a row). The request
 // carries each row's distinct tokens with their output count and whether the prompt has them.
 func TokenHistory(prompt, output [][]int32) SampleOption {
-	return func(c *sampleConfig) { c.history, c.prompt, c.output = true, prompt, output }
+	return func(c *sampleConfig) {
+		c.history, c.prompt, c.output, c.historyRegion = true, prompt, output, nil
+	}
+}
+
+// TokenHistoryRegion reads the token history from a registered region (host shm, or GPU IPC
+// memory on the logits' device) at byte offset (aligned to 4), packed as PackTokenHistory lays
+// it out. Read like LogitBiasRegion.
+func TokenHistoryRegion(region string, offset uint64) SampleOption {
+	return func(c *sampleConfig) {
+		c.history, c.prompt, c.output = false, nil, nil
+		c.historyRegion = &samplerdv1.RegionSlice{Region: region, Offset: offset}
+	}
+}
+
+// PackTokenHistory returns the history of TokenHistory(prompt, output) packed as a region holds
+// it for TokenHistoryRegion (processors.proto, TokenHistory.region), little-endian: uint32
+// row_offsets[B + 1], int32 token_ids[N], uint32 output_counts[N], uint8 in_prompt[N] (0 or
+// 1), each row's distinct tokens in increasing order: (B + 1 + 2N) * 4 + N bytes. B is the
+// number of rows of prompt and output (either may be nil); INVALID_ARGUMENT when both are
+// given with different numbers of rows.
+func PackTokenHistory(prompt, output [][]int32) ([]byte, error) {
+	batch := len(prompt)
+	if prompt == nil {
+		batch = len(output)
+	} else if output != nil && len(output) != batch {
+		return nil, invalidArgument(
+			"expected prompt and output token ids for the same number of rows, got %d and %d",
+			len(prompt), len(output))
+	}
+	h, err := tokenHistory(prompt, output, batch)
+	if err != nil {
+		return nil, err
+	}
+	return packTokenHistory(h), nil
 }
 
 // setProcessors writes the processors of c into req, for logits of batch rows and vocab
@@ -100,7 +157,10 @@ func (c *processorConfig) setProcessors(req *samplerdv1.SampleRequest, batch, vo
 	if req.LogitBias, err = c.logitBias(batch); err != nil {
 		return err
 	}
-	if c.history {
+	switch {
+	case c.historyRegion != nil:
+		req.TokenHistory = &samplerdv1.TokenHistory{Region: c.historyRegion}
+	case c.history:
 		req.TokenHistory, err = tokenHistory(c.prompt, c.output, batch)
 	}
 	return err
@@ -140,6 +200,8 @@ func (c *processorConfig) bitmask(batch, vocab int) (*samplerdv1.TokenBitmask, e
 func (c *processorConfig) logitBias(batch int) (*samplerdv1.LogitBias, error) {
 	rows := c.biasRows
 	switch {
+	case c.biasRegion != nil:
+		return &samplerdv1.LogitBias{Region: c.biasRegion}, nil
 	case c.biasAll != nil:
 		rows = make([]map[int32]float32, batch)
 		for i := range rows {
@@ -150,7 +212,12 @@ func (c *processorConfig) logitBias(batch int) (*samplerdv1.LogitBias, error) {
 	case len(rows) != batch:
 		return nil, invalidArgument("expected logit bias for B = %d rows, got %d", batch, len(rows))
 	}
-	out := &samplerdv1.LogitBias{RowOffsets: make([]uint32, 1, batch+1)}
+	return logitBiasRows(rows), nil
+}
+
+// logitBiasRows packs one map per row: each row's tokens in increasing order.
+func logitBiasRows(rows []map[int32]float32) *samplerdv1.LogitBias {
+	out := &samplerdv1.LogitBias{RowOffsets: make([]uint32, 1, len(rows)+1)}
 	for _, row := range rows {
 		for _, t := range sortedKeys(row) {
 			out.TokenIds = append(out.TokenIds, t)
@@ -158,7 +225,7 @@ func (c *processorConfig) logitBias(batch int) (*samplerdv1.LogitBias, error) {
 		}
 		out.RowOffsets = append(out.RowOffsets, uint32(len(out.TokenIds)))
 	}
-	return out, nil
+	return out
 }
 
 // tokenHistory packs B prompts and outputs: each row's distinct tokens in increasing order.
@@ -194,6 +261,43 @@ func tokenHistory(prompt, output [][]int32, batch int) (*samplerdv1.TokenHistory
 		out.RowOffsets = append(out.RowOffsets, uint32(len(out.TokenIds)))
 	}
 	return out, nil
+}
+
+// packLogitBias lays out the lists of b as LogitBias.region holds them.
+func packLogitBias(b *samplerdv1.LogitBias) []byte {
+	out := make([]byte, 0, 4*(len(b.RowOffsets)+2*len(b.TokenIds)))
+	for _, o := range b.RowOffsets {
+		out = binary.LittleEndian.AppendUint32(out, o)
+	}
+	for _, t := range b.TokenIds {
+		out = binary.LittleEndian.AppendUint32(out, uint32(t))
+	}
+	for _, v := range b.Biases {
+		out = binary.LittleEndian.AppendUint32(out, math.Float32bits(v))
+	}
+	return out
+}
+
+// packTokenHistory lays out the lists of h as TokenHistory.region holds them.
+func packTokenHistory(h *samplerdv1.TokenHistory) []byte {
+	out := make([]byte, 0, 4*(len(h.RowOffsets)+2*len(h.TokenIds))+len(h.TokenIds))
+	for _, o := range h.RowOffsets {
+		out = binary.LittleEndian.AppendUint32(out, o)
+	}
+	for _, t := range h.TokenIds {
+		out = binary.LittleEndian.AppendUint32(out, uint32(t))
+	}
+	for _, n := range h.OutputCounts {
+		out = binary.LittleEndian.AppendUint32(out, n)
+	}
+	for _, p := range h.InPrompt {
+		if p {
+			out = append(out, 1)
+		} else {
+			out = append(out, 0)
+		}
+	}
+	return out
 }
 
 // sortedKeys returns the keys of m in increasing order (requests do not depend on map order).

@@ -1,6 +1,7 @@
 package samplerd
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math"
 	"testing"
@@ -130,5 +131,98 @@ func TestPenaltiesAreSamplingParams(t *testing.T) {
 	RepetitionPenalty(1, 2)(&cfg)
 	if _, err := cfg.params(3); err == nil {
 		t.Error("2 repetition penalties for 3 rows were accepted")
+	}
+}
+
+// le returns the little-endian bytes of 4-byte words followed by single bytes: the layouts of
+// processors.proto's LogitBias.region and TokenHistory.region, spelled out by hand.
+func le(words []uint32, tail ...byte) []byte {
+	out := []byte{}
+	for _, w := range words {
+		out = append(out, byte(w), byte(w>>8), byte(w>>16), byte(w>>24))
+	}
+	return append(out, tail...)
+}
+
+func TestPackLogitBiasLaysOutOffsetsIdsAndBiases(t *testing.T) {
+	ninf := float32(math.Inf(-1))
+	got := PackLogitBias([]map[int32]float32{{1: 0.5}, nil, {300: -3, 2: 2, 7: ninf}, {}})
+	want := []byte{
+		0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, // row_offsets 0 1 1 4 4
+		1, 0, 0, 0, 2, 0, 0, 0, 7, 0, 0, 0, 0x2c, 1, 0, 0, // token_ids 1 2 7 300
+		0, 0, 0, 0x3f, 0, 0, 0, 0x40, 0, 0, 0x80, 0xff, 0, 0, 0x40, 0xc0, // 0.5 2 -inf -3
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("got  % x\nwant % x", got, want)
+	}
+	if got := PackLogitBias(nil); !bytes.Equal(got, le([]uint32{0})) {
+		t.Errorf("no rows: got % x, want the single offset 0", got)
+	}
+	if got := PackLogitBias([]map[int32]float32{nil, nil}); !bytes.Equal(got, le([]uint32{0, 0, 0})) {
+		t.Errorf("two empty rows: got % x", got)
+	}
+}
+
+func TestPackTokenHistoryLaysOutDistinctTokensCountsAndPromptFlags(t *testing.T) {
+	// Row 0: 2 twice in the prompt and twice in the output; row 1 empty; row 2 prompt only.
+	got, err := PackTokenHistory([][]int32{{2, 1, 2}, nil, {5, 5}}, [][]int32{{2, 3, 2}, {}, nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := le([]uint32{
+		0, 3, 3, 4, // row_offsets
+		1, 2, 3, 5, // token_ids
+		0, 2, 1, 0, // output_counts
+	}, 1, 1, 0, 1) // in_prompt
+	if len(got) != (4+2*4)*4+4 || !bytes.Equal(got, want) {
+		t.Errorf("got  % x\nwant % x", got, want)
+	}
+	outputsOnly, err := PackTokenHistory(nil, [][]int32{{9, 9, 9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := le([]uint32{0, 1, 9, 3}, 0); !bytes.Equal(outputsOnly, want) {
+		t.Errorf("outputs only: got % x, want % x", outputsOnly, want)
+	}
+	_, err = PackTokenHistory([][]int32{{1}}, [][]int32{{1}, {2}})
+	wantInvalid(t, err, "expected prompt and output token ids for the same number of rows, got 1 and 2")
+}
+
+func TestPackedListsAreTheInlineListsOfTheSameInputs(t *testing.T) {
+	rows := []map[int32]float32{{4: 1, 3: -1}, nil, {0: 0.25}}
+	inline := mustRequest(t, 3, 40, LogitBiasRows(rows)).GetLogitBias()
+	if got, want := PackLogitBias(rows), packLogitBias(inline); !bytes.Equal(got, want) {
+		t.Errorf("bias: got % x, want % x", got, want)
+	}
+	prompt, output := [][]int32{{1, 1}, {}, {7}}, [][]int32{{7, 1}, {2, 2}, nil}
+	history := mustRequest(t, 3, 40, TokenHistory(prompt, output)).GetTokenHistory()
+	got, err := PackTokenHistory(prompt, output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := packTokenHistory(history); !bytes.Equal(got, want) {
+		t.Errorf("history: got % x, want % x", got, want)
+	}
+}
+
+func TestListRegionsNameTheSliceAndReplaceInlineLists(t *testing.T) {
+	req := mustRequest(t, 2, 40, LogitBias(map[int32]float32{1: 1}), LogitBiasRegion("lists", 8),
+		TokenHistory(nil, [][]int32{{1}, {2}}), TokenHistoryRegion("lists", 1024))
+	want := &samplerdv1.LogitBias{Region: &samplerdv1.RegionSlice{Region: "lists", Offset: 8}}
+	if !proto.Equal(req.LogitBias, want) {
+		t.Errorf("bias: got %v, want %v", req.LogitBias, want)
+	}
+	wantHistory := &samplerdv1.TokenHistory{Region: &samplerdv1.RegionSlice{Region: "lists", Offset: 1024}}
+	if !proto.Equal(req.TokenHistory, wantHistory) {
+		t.Errorf("history: got %v, want %v", req.TokenHistory, wantHistory)
+	}
+	// The last option wins: inline lists after a region drop the region.
+	req = mustRequest(t, 2, 40, LogitBiasRegion("lists", 8), LogitBiasRows([]map[int32]float32{nil, {3: 1}}),
+		TokenHistoryRegion("lists", 0), TokenHistory([][]int32{{5}, nil}, nil))
+	if req.LogitBias.GetRegion() != nil || len(req.LogitBias.GetTokenIds()) != 1 {
+		t.Errorf("bias after LogitBiasRows: got %v", req.LogitBias)
+	}
+	if req.TokenHistory.GetRegion() != nil || len(req.TokenHistory.GetTokenIds()) != 1 {
+		t.Errorf("history after TokenHistory: got %v", req.TokenHistory)
 	}
 }

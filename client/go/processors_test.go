@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	samplerd "samplerd.dev/client/go"
 )
@@ -129,4 +130,80 @@ func TestServerChecksProcessorTokenIds(t *testing.T) {
 	if !errors.As(err, &e) || e.Code != codes.InvalidArgument {
 		t.Fatalf("got %v, want INVALID_ARGUMENT for token 50 of V = 50", err)
 	}
+}
+
+func TestListsInAHostShmRegionGiveTheInlineTokensAndLogprobs(t *testing.T) {
+	client, ctx := dial(t), testContext(t)
+	const batch, vocab = 3, 500
+	logits := randomLogits(16, batch, vocab)
+	// Row 1's history holds its two largest logits, the first in the output, the second in the
+	// prompt only, so that the penalties and the prompt flags change its distribution.
+	top := topIndices(logits[vocab:2*vocab], 2)
+	bias := []map[int32]float32{{7: 30, 8: float32(math.Inf(-1))}, nil, {499: 2.5}}
+	prompt, output := [][]int32{{1, 2}, {top[1]}, nil}, [][]int32{{2, 2}, {top[0], top[0]}, {9}}
+	common := func(more ...samplerd.SampleOption) []samplerd.SampleOption {
+		return append([]samplerd.SampleOption{samplerd.Seed(1, 2, 3), samplerd.TopP(0.9),
+			samplerd.Logprobs(3, samplerd.LogprobsProcessed), samplerd.RepetitionPenalty(1.4),
+			samplerd.FrequencyPenalty(0.3)}, more...)
+	}
+	inline := common(samplerd.LogitBiasRows(bias), samplerd.TokenHistory(prompt, output))
+	want, err := client.Sample(ctx, logits, batch, vocab, inline...)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	region, err := client.NewHostShmRegion(ctx, "go-lists", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	history, err := samplerd.PackTokenHistory(prompt, output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(region.Bytes(), samplerd.PackLogitBias(bias))
+	copy(region.Bytes()[1024:], history)
+	fromRegion := common(samplerd.LogitBiasRegion("go-lists", 0), samplerd.TokenHistoryRegion("go-lists", 1024))
+	sameAsInline := func(what string, got *samplerd.Result) {
+		t.Helper()
+		equalTokens(t, what, got.Tokens, want.Tokens)
+		for i := range want.Logprobs {
+			if !proto.Equal(got.Logprobs[i], want.Logprobs[i]) {
+				t.Errorf("%s, row %d: logprobs %v, want the inline lists' %v", what, i, got.Logprobs[i], want.Logprobs[i])
+			}
+		}
+	}
+	got, err := client.Sample(ctx, logits, batch, vocab, fromRegion...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameAsInline("unary", got)
+	step, err := openSession(t, client).Sample(logits, batch, vocab, fromRegion...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameAsInline("session step", step)
+	// The lists matter: without them row 0 (bias) and row 1 (penalties) are drawn otherwise.
+	plain, err := client.Sample(ctx, logits, batch, vocab, common()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want.Tokens[0] != 7 || plain.Tokens[0] == 7 || proto.Equal(plain.Logprobs[1], want.Logprobs[1]) {
+		t.Errorf("row 0: token %d with its bias, %d without (want 7, then another); row 1: logprobs %v "+
+			"with its history, %v without (want different)", want.Tokens[0], plain.Tokens[0],
+			want.Logprobs[1], plain.Logprobs[1])
+	}
+
+	// Offsets that fit at the region's end, lists that do not: the server's OUT_OF_RANGE.
+	copy(region.Bytes()[4080:], samplerd.PackLogitBias(bias)[:16])
+	_, err = client.Sample(ctx, logits, batch, vocab, samplerd.LogitBiasRegion("go-lists", 4080))
+	wantError(t, err, codes.OutOfRange, "logit_bias.region: expected 40 bytes at offset 4080, got a "+
+		"region of 4096 bytes (B = 3, N = row_offsets[B] = 3: (B + 1 + 2N) * 4 bytes)")
+	copy(region.Bytes()[4080:], history[:16])
+	_, err = client.Sample(ctx, logits, batch, vocab, samplerd.TokenHistoryRegion("go-lists", 4080))
+	wantError(t, err, codes.OutOfRange, "token_history.region: expected 61 bytes at offset 4080, got a "+
+		"region of 4096 bytes (B = 3, N = row_offsets[B] = 5: (B + 1 + 2N) * 4 + N bytes)")
+	_, err = client.Sample(ctx, logits, batch, vocab, samplerd.LogitBiasRegion("go-lists", 4088))
+	wantError(t, err, codes.OutOfRange, "logit_bias.region: expected 16 bytes at offset 4088, got a "+
+		"region of 4096 bytes (row_offsets: (B + 1) * 4 bytes for B = 3)")
 }
