@@ -1,12 +1,19 @@
 // The C++ client's logits processors (samplerd/processors.h): the messages it builds, then what
 // a bitmask, a logit bias and the penalties do against the real server (CPU backend).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
+#include <numeric>
+#include <string>
 #include <vector>
 
+#include "samplerd/host_shm_buffer.h"
 #include "samplerd/processors.h"
 #include "tests/integration/integration_fixture.h"
 
@@ -71,7 +78,153 @@ TEST(ClientProcessors, TokenHistoryHoldsDistinctTokensWithOutputCountsAndPromptF
             (std::vector<bool>{true, true, false, false, true}));
 }
 
+// Little-endian bytes of 4-byte words, then single bytes: processors.proto's region layouts
+// spelled out by hand.
+std::vector<uint8_t> Le(const std::vector<uint32_t>& words, const std::vector<uint8_t>& tail = {}) {
+  std::vector<uint8_t> out;
+  for (const uint32_t w : words) {
+    for (int shift = 0; shift < 32; shift += 8) out.push_back(static_cast<uint8_t>(w >> shift));
+  }
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
+TEST(ClientProcessors, PackLogitBiasLaysOutOffsetsIdsAndBiases) {
+  const std::vector<uint8_t> got =
+      PackLogitBias({{{1, 0.5f}}, {}, {{300, -3.0f}, {2, 2.0f}, {7, -kInf}}, {}});
+  // clang-format off
+  const std::vector<uint8_t> want = {
+      0, 0, 0, 0,  1, 0, 0, 0,  1, 0, 0, 0,  4, 0, 0, 0,  4, 0, 0, 0,  // row_offsets 0 1 1 4 4
+      1, 0, 0, 0,  2, 0, 0, 0,  7, 0, 0, 0,  0x2c, 1, 0, 0,            // token_ids 1 2 7 300
+      0, 0, 0, 0x3f,  0, 0, 0, 0x40,  0, 0, 0x80, 0xff,  0, 0, 0x40, 0xc0,  // 0.5 2 -inf -3
+  };
+  // clang-format on
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(PackLogitBias({}), Le({0}));
+  EXPECT_EQ(PackLogitBias({{}, {}}), Le({0, 0, 0}));
+}
+
+TEST(ClientProcessors, PackTokenHistoryLaysOutDistinctTokensCountsAndPromptFlags) {
+  // Row 0: 2 twice in the prompt and twice in the output; row 1 empty; row 2 prompt only.
+  const std::vector<uint8_t> got = PackTokenHistory({{2, 1, 2}, {}, {5, 5}}, {{2, 3, 2}});
+  EXPECT_EQ(got.size(), (4u + 2 * 4) * 4 + 4);
+  EXPECT_EQ(got, Le({0, 3, 3, 4,     // row_offsets
+                     1, 2, 3, 5,     // token_ids
+                     0, 2, 1, 0},    // output_counts
+                    {1, 1, 0, 1}));  // in_prompt
+  EXPECT_EQ(PackTokenHistory({}, {{9, 9, 9}}), Le({0, 1, 9, 3}, {0}));
+  EXPECT_EQ(PackTokenHistory({}, {}), Le({0}));
+}
+
+TEST(ClientProcessors, PackedListsAreTheInlineListsOfTheSameInputs) {
+  const std::vector<TokenBias> rows = {{{4, 1.0f}, {3, -1.0f}}, {}, {{0, 0.25f}}};
+  const std::vector<std::vector<int32_t>> prompt = {{1, 1}, {}, {7}}, output = {{7, 1}, {2, 2}};
+  v1::SampleRequest request;
+  SetLogitBias(rows, &request);
+  SetTokenHistory(prompt, output, &request);
+  EXPECT_EQ(PackLogitBias(rows), PackLists(request.logit_bias()));
+  EXPECT_EQ(PackTokenHistory(prompt, output), PackLists(request.token_history()));
+}
+
+TEST(ClientProcessors, ListRegionsNameTheSliceAndReplaceInlineLists) {
+  v1::SampleRequest request;
+  SetLogitBias(TokenBias{{1, 1.0f}}, 2, &request);
+  SetTokenHistory({}, {{1}, {2}}, &request);
+  SetLogitBiasRegion("lists", 8, &request);
+  SetTokenHistoryRegion("lists", 1024, &request);
+  EXPECT_EQ(request.logit_bias().region().region(), "lists");
+  EXPECT_EQ(request.logit_bias().region().offset(), 8u);
+  EXPECT_EQ(request.logit_bias().row_offsets_size() + request.logit_bias().token_ids_size() +
+                request.logit_bias().biases_size(),
+            0);
+  EXPECT_EQ(request.token_history().region().offset(), 1024u);
+  EXPECT_EQ(request.token_history().row_offsets_size() + request.token_history().token_ids_size() +
+                request.token_history().output_counts_size() +
+                request.token_history().in_prompt_size(),
+            0);
+  SetLogitBias({{}, {{3, 1.0f}}}, &request);  // inline lists after a region drop the region
+  SetTokenHistory({{5}, {}}, {}, &request);
+  EXPECT_FALSE(request.logit_bias().has_region());
+  EXPECT_EQ(request.logit_bias().token_ids_size(), 1);
+  EXPECT_FALSE(request.token_history().has_region());
+  EXPECT_EQ(request.token_history().token_ids_size(), 1);
+}
+
 using ClientProcessorsOverUds = ServerSuite;
+
+TEST_F(ClientProcessorsOverUds, ListsInAHostShmRegionGiveTheInlineTokensAndLogprobs) {
+  std::string error;
+  std::unique_ptr<HostShmBuffer> shm = HostShmBuffer::Create(
+      "/samplerd-cpp-client-" + std::to_string(getpid()) + "-lists", 4096, &error);
+  ASSERT_NE(shm, nullptr) << error;
+  ASSERT_TRUE(client_->RegisterHostShm("cpp-lists", shm->key(), 0, 4096).ok());
+  Logits logits = RandomLogits(3, 500, 31);
+  // Row 1's history holds its two largest logits, the first in the output, the second in the
+  // prompt only, so that the penalties and the prompt flags change its distribution.
+  std::vector<int32_t> order(500);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 2, order.end(), [&logits](int32_t a, int32_t b) {
+    return logits.row(1)[a] > logits.row(1)[b];
+  });
+  const std::vector<TokenBias> bias = {{{7, 30.0f}, {8, -kInf}}, {}, {{499, 2.5f}}};
+  const std::vector<std::vector<int32_t>> prompt = {{1, 2}, {order[1]}, {}},
+                                          output = {{2, 2}, {order[0], order[0]}, {9}};
+  v1::SamplingParams params = TopKTopP(1);
+  params.set_repetition_penalty(1.4f);
+  params.set_frequency_penalty(0.3f);
+  v1::SampleRequest inline_request = logits.Request({params});
+  inline_request.mutable_logprobs()->set_top_n(3);
+  inline_request.mutable_logprobs()->set_source(v1::LOGPROB_SOURCE_PROCESSED);
+  v1::SampleRequest plain = inline_request;
+  SetLogitBias(bias, &inline_request);
+  SetTokenHistory(prompt, output, &inline_request);
+  v1::SampleResponse want;
+  grpc::Status status = client_->Sample(inline_request, &want);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  want.clear_timings();
+
+  char* base = static_cast<char*>(shm->data());
+  const std::vector<uint8_t> packed_bias = PackLogitBias(bias);
+  const std::vector<uint8_t> packed_history = PackTokenHistory(prompt, output);
+  std::memcpy(base, packed_bias.data(), packed_bias.size());
+  std::memcpy(base + 1024, packed_history.data(), packed_history.size());
+  v1::SampleRequest request = inline_request;
+  SetLogitBiasRegion("cpp-lists", 0, &request);
+  SetTokenHistoryRegion("cpp-lists", 1024, &request);
+  v1::SampleResponse got;
+  status = client_->Sample(request, &got);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  got.clear_timings();
+  EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());  // tokens and logprobs, bit for bit
+  std::unique_ptr<SampleSession> session = client_->OpenStream();
+  ASSERT_TRUE(session->Step(request, &got).ok());
+  got.clear_timings();
+  EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
+  EXPECT_TRUE(session->Close().ok());
+  // The lists matter: without them row 0 (bias) and row 1 (penalties) are drawn otherwise.
+  ASSERT_TRUE(client_->Sample(plain, &got).ok());
+  EXPECT_EQ(want.token_ids(0), 7);
+  EXPECT_NE(got.token_ids(0), 7);
+  EXPECT_NE(got.logprobs(1).SerializeAsString(), want.logprobs(1).SerializeAsString());
+
+  // Offsets that fit at the region's end, lists that do not: the server's OUT_OF_RANGE.
+  std::memcpy(base + 4080, packed_bias.data(), 16);
+  SetLogitBiasRegion("cpp-lists", 4080, &request);
+  status = client_->Sample(request, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(status.error_message(),
+            "logit_bias.region: expected 40 bytes at offset 4080, got a region of 4096 bytes (B = "
+            "3, N = row_offsets[B] = 3: (B + 1 + 2N) * 4 bytes)");
+  std::memcpy(base + 4080, packed_history.data(), 16);
+  SetLogitBiasRegion("cpp-lists", 0, &request);
+  SetTokenHistoryRegion("cpp-lists", 4080, &request);
+  status = client_->Sample(request, &got);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(status.error_message(),
+            "token_history.region: expected 61 bytes at offset 4080, got a region of 4096 bytes "
+            "(B = 3, N = row_offsets[B] = 5: (B + 1 + 2N) * 4 + N bytes)");
+  EXPECT_TRUE(client_->Unregister("cpp-lists").ok());
+}
 
 TEST_F(ClientProcessorsOverUds, BitmaskAllowingOneTokenAlwaysGivesThatToken) {
   const Logits logits = RandomLogits(3, 300, 21);

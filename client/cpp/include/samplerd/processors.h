@@ -13,6 +13,16 @@
 //   SetLogitBias(TokenBias{{eos, -INFINITY}}, batch, &request);
 //   SetTokenHistory(prompts, outputs, &request);   // per row: token ids seen so far
 //
+// The bias lists and the token history may instead lie in a registered region (host shm, or GPU
+// IPC memory on the logits' device), rewritten in place by the engine each step:
+//
+//   std::vector<uint8_t> bias = PackLogitBias(rows);             // processors.proto's layout
+//   std::vector<uint8_t> history = PackTokenHistory(prompts, outputs);
+//   std::memcpy(shm->data(), bias.data(), bias.size());           // a HostShmBuffer, registered
+//   std::memcpy(static_cast<char*>(shm->data()) + 1024, history.data(), history.size());
+//   SetLogitBiasRegion("lists", 0, &request);                     // offsets aligned to 4
+//   SetTokenHistoryRegion("lists", 1024, &request);
+//
 // Like MakeFp32Request these do not validate: the server checks token ids against V, row
 // counts and offsets, and answers INVALID_ARGUMENT "expected X, got Y".
 #ifndef SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_PROCESSORS_H_
@@ -56,6 +66,36 @@ void SetLogitBias(const TokenBias& bias, int64_t batch, v1::SampleRequest* reque
 // their output count and whether the prompt has them.
 void SetTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
                      const std::vector<std::vector<int32_t>>& output, v1::SampleRequest* request);
+
+// ---- Lists in a registered region (LogitBias.region, TokenHistory.region) ----------------------
+
+// Sets the logit bias of `request` to the lists packed (as PackLogitBias lays them out) at byte
+// `offset` (aligned to 4) of registered region `region`: host shm, or GPU IPC memory on the
+// logits' device. Replaces inline lists set earlier (and SetLogitBias replaces the region). The
+// server reads B + 1 row offsets there, then the N = row_offsets[B] entries, when the request is
+// queued, and checks them like inline lists; a region too small for them is OUT_OF_RANGE.
+void SetLogitBiasRegion(const std::string& region, uint64_t offset, v1::SampleRequest* request);
+
+// Sets the token history of `request` to the lists packed (as PackTokenHistory lays them out)
+// at byte `offset` (aligned to 4) of registered region `region`. Read like SetLogitBiasRegion.
+void SetTokenHistoryRegion(const std::string& region, uint64_t offset, v1::SampleRequest* request);
+
+// The bytes to write into a region for SetLogitBiasRegion: the lists SetLogitBias(rows) sends
+// inline, packed little-endian: uint32 row_offsets[B + 1], int32 token_ids[N], float32
+// biases[N], each row's tokens in increasing order; (B + 1 + 2N) * 4 bytes, B = rows.size().
+std::vector<uint8_t> PackLogitBias(const std::vector<TokenBias>& rows);
+
+// The bytes to write into a region for SetTokenHistoryRegion: the lists
+// SetTokenHistory(prompt, output) sends inline, packed little-endian: uint32 row_offsets[B + 1],
+// int32 token_ids[N], uint32 output_counts[N], uint8 in_prompt[N] (0 or 1), each row's
+// distinct tokens in increasing order; (B + 1 + 2N) * 4 + N bytes, B the longer vector's size.
+std::vector<uint8_t> PackTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
+                                      const std::vector<std::vector<int32_t>>& output);
+
+// The same layouts from messages' repeated fields (e.g. as SetLogitBias / SetTokenHistory
+// filled them); a message's `region` is ignored.
+std::vector<uint8_t> PackLists(const v1::LogitBias& bias);
+std::vector<uint8_t> PackLists(const v1::TokenHistory& history);
 
 }  // namespace samplerd
 
