@@ -112,6 +112,11 @@ struct SampleArgs {
   // one-block path, and the launch of the two-pass top-p kernel is skipped. true is always
   // correct (device sessions, whose params the engine writes on the device).
   bool top_p_rows = true;
+
+  // GPU only: true when the caller knows that every row is greedy (kernels/gpu/sample.h
+  // AllGreedy). Without logprobs, the launch is then one kernel instead of two. false is always
+  // correct.
+  bool all_greedy = false;
 };
 
 }  // namespace samplerd::kernels

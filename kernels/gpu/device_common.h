@@ -152,6 +152,18 @@ __device__ __forceinline__ ArgMaxPair WaveArgMax(ArgMaxPair v) {
   return v;
 }
 
+// True in every thread of the block that arrives last among the `blocks` blocks counting on
+// `ticket`; its reads then see every other block's writes. Every thread must call.
+__device__ inline bool LastToArrive(uint32_t* ticket, uint32_t blocks, uint32_t* shared_ticket) {
+  __threadfence();  // this block's writes are visible device-wide before its ticket is
+  __syncthreads();
+  if (threadIdx.x == 0) *shared_ticket = atomicAdd(ticket, 1u);
+  __syncthreads();
+  const bool last = *shared_ticket == blocks - 1;
+  if (last) __threadfence();
+  return last;
+}
+
 // Block-wide reductions: a wave reduction, then every thread combines the per-wave results in
 // wave order. Two barriers per call; the result is the same bits in every thread. `kThreads`
 // is the block size, a multiple of every wave size; every thread must call.

@@ -134,18 +134,6 @@ __device__ void StoreMassHistogram(const MassShared& sh, const MassWorkspace& ws
   }
 }
 
-// True in every thread of the block that arrives last among the `blocks` blocks counting on
-// `ticket`; its reads then see every other block's writes. Every thread must call.
-__device__ inline bool LastToArrive(uint32_t* ticket, uint32_t blocks, uint32_t* shared_ticket) {
-  __threadfence();  // this block's writes are visible device-wide before its ticket is
-  __syncthreads();
-  if (threadIdx.x == 0) *shared_ticket = atomicAdd(ticket, 1u);
-  __syncthreads();
-  const bool last = *shared_ticket == blocks - 1;
-  if (last) __threadfence();
-  return last;
-}
-
 // The plan of a mass row, by one block of kThreads >= kMassBins threads of the kernel after
 // pass 1: combines the row's chunk histograms in chunk order into the row's MassPlan (and chunk
 // scales), and zeroes the row's pass-2 ticket and boundary fill. Returns the path (every thread

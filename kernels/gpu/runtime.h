@@ -55,6 +55,7 @@ int StreamSynchronize(Stream stream);
 int CopyToDevice(void* dst, const void* src, size_t bytes, Stream stream);
 int CopyToHost(void* dst, const void* src, size_t bytes, Stream stream);
 int CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream);
+int ZeroDevice(void* ptr, size_t bytes, Stream stream);  // fills device memory with zero bytes
 // Waits for all work on the current device (every stream).
 int DeviceSynchronize();
 // The sticky-error check after a fault: the runtime's last error, cleared.

@@ -260,6 +260,10 @@ int CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream) 
   return hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToDevice, AsHipStream(stream));
 }
 
+int ZeroDevice(void* ptr, size_t bytes, Stream stream) {
+  return hipMemsetAsync(ptr, 0, bytes, AsHipStream(stream));
+}
+
 int DeviceSynchronize() { return hipDeviceSynchronize(); }
 
 int LastError() { return hipGetLastError(); }

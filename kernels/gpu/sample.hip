@@ -1,6 +1,7 @@
 // GPU sampling: RowFinishKernel (filters, draw, logprobs) and the host launcher Sample.
 //
-// Two to four launches per batch on the caller's stream:
+// A launch whose rows are all greedy, without logprobs, is one kernel (greedy_pass.h). Others
+// take two to four launches on the caller's stream:
 //   0. MarkAdjustsKernel (here), only with sparse logits processors: marks their tokens
 //      (row_processors.h; every pass applies the processors as it loads a logit).
 //   1. ChunkPassKernel (chunk_pass.h): reads every row once in fixed 8192-token chunks.
@@ -12,6 +13,7 @@
 // Which row takes which path: row_path.h.
 // Design, measurements and what each version cost: kernels/gpu/NOTES.md.
 #include "kernels/gpu/chunk_pass.h"
+#include "kernels/gpu/greedy_pass.h"
 #include "kernels/gpu/mass_draw.h"
 #include "kernels/gpu/mass_plan.h"
 #include "kernels/gpu/platform.h"
@@ -365,11 +367,29 @@ int ChunksPerRow(int64_t vocab) { return static_cast<int>((vocab + kChunk - 1) /
 
 size_t BitmaskWords(int64_t vocab) { return static_cast<size_t>((vocab + 31) / 32); }
 
-// The workspace, in this order: chunk stats, candidate keys and indices, then the mass path's
-// arrays (MassWorkspace).
+// Rows a launch may have (grid.y).
+constexpr int64_t kMaxBatch = 65535;
+
+// The greedy launch's vectors a thread (greedy_pass.h). Small launches take short spans, so that
+// a row spreads over many SMs (B = 1, fp32: 149 blocks rather than 38); large ones take long
+// spans, so that fewer blocks pay the fixed cost. Measured: NOTES.md v12.
+template <DType kDType>
+bool ShortGreedySpans(int64_t batch, int64_t vocab) {
+  const int64_t blocks = batch * ((vocab + kGreedySpan<kDType, 1> - 1) / kGreedySpan<kDType, 1>);
+  return blocks <= 4 * 132;
+}
+
+int64_t GreedySpansPerRow(int64_t vocab) {
+  return (vocab + kGreedySpan<DType::kFp32, 1> - 1) / kGreedySpan<DType::kFp32, 1>;  // the most
+}
+
+// The workspace, in this order: the greedy launch's tickets (at a fixed place for every shape,
+// so that the zeroes each launch leaves stay where the next launch of any shape looks), chunk
+// stats, candidate keys and indices, the mass path's arrays (MassWorkspace), then the greedy
+// launch's spans.
 struct WorkspaceLayout {
-  size_t stats, candidate_key, candidate_index, hist_count, hist_hi, hist_lo, chunk_scale,
-      chunk_best, plan, counters, boundary_key, boundary_index, marked, first, total;
+  size_t tickets, greedy_spans, stats, candidate_key, candidate_index, hist_count, hist_hi, hist_lo,
+      chunk_scale, chunk_best, plan, counters, boundary_key, boundary_index, marked, first, total;
 
   WorkspaceLayout(int64_t batch, int64_t vocab) {
     const size_t rows = static_cast<size_t>(batch);
@@ -380,6 +400,8 @@ struct WorkspaceLayout {
       at += AlignUp(bytes);
       return here;
     };
+    tickets = take(kMaxBatch * sizeof(uint32_t));
+    greedy_spans = take(rows * GreedySpansPerRow(vocab) * sizeof(GreedySpan));
     stats = take(slots * sizeof(ChunkStats));
     candidate_key = take(slots * kCandidateCap * sizeof(uint32_t));
     candidate_index = take(slots * kCandidateCap * sizeof(int32_t));
@@ -398,13 +420,31 @@ struct WorkspaceLayout {
   }
 };
 
+template <DType kDType, int kVecs>
+int LaunchGreedySpans(const SampleArgs& args, GreedyParams p, hipStream_t stream) {
+  p.rows.chunks =
+      static_cast<int>((args.vocab + kGreedySpan<kDType, kVecs> - 1) / kGreedySpan<kDType, kVecs>);
+  const dim3 grid(static_cast<unsigned>(p.rows.chunks), static_cast<unsigned>(args.batch));
+  if (p.rows.procs.active()) {
+    GreedyKernel<kDType, kVecs, true><<<grid, kGreedyThreads, 0, stream>>>(p);
+  } else {
+    GreedyKernel<kDType, kVecs, false><<<grid, kGreedyThreads, 0, stream>>>(p);
+  }
+  return static_cast<int>(hipGetLastError());
+}
+
 template <DType kDType>
 int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinishParams& finish,
-           const MassDrawParams& draw, hipStream_t stream) {
+           const MassDrawParams& draw, const GreedyParams* greedy, hipStream_t stream) {
   const dim3 grid(static_cast<unsigned>(chunk.rows.chunks), static_cast<unsigned>(args.batch));
   if (chunk.rows.procs.marked != nullptr) {
     MarkAdjustsKernel<<<static_cast<unsigned>(args.batch), kMarkThreads, 0, stream>>>(
         chunk.rows.procs);
+  }
+  if (greedy != nullptr) {
+    return ShortGreedySpans<kDType>(args.batch, args.vocab)
+               ? LaunchGreedySpans<kDType, 1>(args, *greedy, stream)
+               : LaunchGreedySpans<kDType, 4>(args, *greedy, stream);
   }
   if (chunk.rows.procs.active()) {
     ChunkPassKernel<kDType, true><<<grid, kChunkThreads, 0, stream>>>(chunk);
@@ -433,8 +473,15 @@ bool HasTopPRows(const RowParams* params, int64_t count, int64_t vocab) {
   return false;
 }
 
+bool AllGreedy(const RowParams* params, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (!(params[i].temperature < kGreedyTemperature)) return false;
+  }
+  return count > 0;
+}
+
 int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stream stream) {
-  if (args.batch <= 0 || args.batch > 65535 || args.vocab <= 0 ||
+  if (args.batch <= 0 || args.batch > kMaxBatch || args.vocab <= 0 ||
       ChunksPerRow(args.vocab) > kMaxStagedChunks || args.row_stride < args.vocab ||
       args.top_logprobs > kMaxGpuTopLogprobs ||
       (args.params_count != 1 && args.params_count != args.batch) ||
@@ -495,14 +542,21 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
                                args.top_values,
                                mass};
   const MassDrawParams draw{rows, stats, args.token_ids, args.status, mass};
+  // Every row greedy, no logprobs: one kernel (device sessions never say so: their rows'
+  // parameters are on the device only).
+  const GreedyParams greedy{rows, reinterpret_cast<GreedySpan*>(ws + layout.greedy_spans),
+                            reinterpret_cast<uint32_t*>(ws + layout.tickets), args.token_ids,
+                            args.status};
+  const GreedyParams* one_launch =
+      args.all_greedy && args.top_logprobs < 0 && args.device_batch == nullptr ? &greedy : nullptr;
   auto* s = static_cast<hipStream_t>(stream);
   switch (args.dtype) {
     case DType::kFp32:
-      return Launch<DType::kFp32>(args, chunk, finish, draw, s);
+      return Launch<DType::kFp32>(args, chunk, finish, draw, one_launch, s);
     case DType::kFp16:
-      return Launch<DType::kFp16>(args, chunk, finish, draw, s);
+      return Launch<DType::kFp16>(args, chunk, finish, draw, one_launch, s);
     case DType::kBf16:
-      return Launch<DType::kBf16>(args, chunk, finish, draw, s);
+      return Launch<DType::kBf16>(args, chunk, finish, draw, one_launch, s);
   }
   return static_cast<int>(hipErrorInvalidValue);
 }

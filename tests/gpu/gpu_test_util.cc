@@ -162,18 +162,26 @@ Outputs RunCpu(const Batch& b) {
 }
 
 Outputs RunGpu(const Batch& b) {
+  const size_t ws_bytes = gpu::SampleWorkspaceBytes(b.batch, b.vocab, b.top_logprobs);
+  DeviceBuffer ws(ws_bytes);
+  EXPECT_EQ(gpu::ZeroDevice(ws.ptr, ws_bytes, nullptr), 0);
+  EXPECT_EQ(gpu::StreamSynchronize(nullptr), 0);
+  return RunGpuIn(b, ws.ptr, ws_bytes);
+}
+
+Outputs RunGpuIn(const Batch& b, void* workspace, size_t workspace_bytes) {
   Outputs o;
   AllocateOutputs(b, o);
   gpu::Stream stream = nullptr;
   EXPECT_EQ(gpu::StreamCreate(&stream), 0);
   {
     SampleArgs a = ArgsFor(b);
+    a.all_greedy = b.greedy_hint && gpu::AllGreedy(b.params.data(), a.params_count);
     DeviceBuffer logits(b.bytes.size()), params(b.params.size() * sizeof(RowParams));
     DeviceBuffer tokens(b.batch * 4), status(b.batch), lp(o.sampled_logprob.size() * 4),
         rank(o.sampled_rank.size() * 8), top_ids(o.top_ids.size() * 4),
         top_values(o.top_values.size() * 4);
-    const size_t ws_bytes = gpu::SampleWorkspaceBytes(b.batch, b.vocab, b.top_logprobs);
-    DeviceBuffer ws(ws_bytes);
+    EXPECT_GE(workspace_bytes, gpu::SampleWorkspaceBytes(b.batch, b.vocab, b.top_logprobs));
     DeviceBuffer bitmask(b.bitmask.size() * 4), offsets(b.adjust_offsets.size() * 4),
         adjusts(b.adjusts.size() * sizeof(TokenAdjust));
     Upload(b.bytes, logits, stream);
@@ -196,7 +204,7 @@ Outputs RunGpu(const Batch& b) {
     a.sampled_rank = static_cast<int64_t*>(rank.ptr);
     a.top_ids = static_cast<int32_t*>(top_ids.ptr);
     a.top_values = static_cast<float*>(top_values.ptr);
-    const int err = gpu::Sample(a, ws.ptr, ws_bytes, stream);
+    const int err = gpu::Sample(a, workspace, workspace_bytes, stream);
     EXPECT_EQ(err, 0) << gpu::ErrorString(err);
     Download(tokens, o.tokens, stream);
     Download(status, o.status, stream);

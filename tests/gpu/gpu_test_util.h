@@ -28,6 +28,9 @@ struct Batch {
   std::vector<uint32_t> bitmask;
   std::vector<uint32_t> adjust_offsets;
   std::vector<TokenAdjust> adjusts;
+  // Pass SampleArgs::all_greedy as the server does (kernels/gpu/sample.h AllGreedy); false
+  // sends an all-greedy batch through the general kernels instead of the one-launch path.
+  bool greedy_hint = true;
 };
 
 // Outputs of one run, host memory.
@@ -54,8 +57,13 @@ void FillLogits(Batch& b, const std::string& kind, std::mt19937_64& rng);
 
 // Runs the CPU reference over every row.
 Outputs RunCpu(const Batch& b);
-// Runs the GPU kernels (device 0); fails the current test on a runtime error.
+// Runs the GPU kernels (device 0) in a new zeroed workspace; fails the current test on a
+// runtime error.
 Outputs RunGpu(const Batch& b);
+
+// As RunGpu, in a caller's device workspace of `workspace_bytes` (zeroed before its first use,
+// as kernels/gpu/sample.h asks) that may have served other launches of any shape.
+Outputs RunGpuIn(const Batch& b, void* workspace, size_t workspace_bytes);
 
 // Row parameters with these filters (seed and position 0).
 RowParams Params(float temperature, int32_t top_k, float top_p, float min_p,

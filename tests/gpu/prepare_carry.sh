@@ -39,7 +39,8 @@ fi
 grep -q '^SAMPLERD_GPU:STRING=cuda$' "$BUILD/CMakeCache.txt" ||
   die "$BUILD is not configured with -DSAMPLERD_GPU=cuda"
 
-TARGETS=(samplerd samplerd_gpu_sampler_test samplerd_gpu_statistics_test samplerd_gpu_processors_test
+TARGETS=(samplerd samplerd_gpu_sampler_test samplerd_gpu_greedy_test samplerd_gpu_statistics_test
+         samplerd_gpu_processors_test
          samplerd_server_gpu_test
          samplerd_capi samplerd_example_sample_random samplerd_gpu_ipc_runtime_test
          samplerd_ipc_producer_raw samplerd_bench_transports)
@@ -62,6 +63,7 @@ ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}"
 declare -A BUILT=(
   [samplerd]="$BUILD/service/samplerd"
   [samplerd_gpu_sampler_test]="$BUILD/tests/gpu/samplerd_gpu_sampler_test"
+  [samplerd_gpu_greedy_test]="$BUILD/tests/gpu/samplerd_gpu_greedy_test"
   [samplerd_gpu_statistics_test]="$BUILD/tests/gpu/samplerd_gpu_statistics_test"
   [samplerd_gpu_processors_test]="$BUILD/tests/gpu/samplerd_gpu_processors_test"
   [samplerd_server_gpu_test]="$BUILD/tests/gpu/samplerd_server_gpu_test"

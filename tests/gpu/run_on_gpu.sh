@@ -223,6 +223,8 @@ fi
 if selected sampler; then
   run_step gpu_sampler_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_sampler_test" \
     "--gtest_output=xml:$RESULTS/gpu_sampler_test.xml"
+  run_step gpu_greedy_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_greedy_test" \
+    "--gtest_output=xml:$RESULTS/gpu_greedy_test.xml"
 fi
 if selected processors; then
   run_step gpu_processors_test "$STEP_TIMEOUT" "${LINEBUF[@]}" "$BIN/samplerd_gpu_processors_test" \

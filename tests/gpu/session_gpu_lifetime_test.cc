@@ -185,7 +185,8 @@ void RunUnaryWork(UnaryProbe* probe, const Batch& b) {
     if ((code = gpu::DeviceMalloc(ptr, bytes)) != 0) return fail("DeviceMalloc", code);
   }
   if ((code = gpu::PinnedMalloc(&pinned, n * 4)) != 0) return fail("PinnedMalloc", code);
-  if ((code = gpu::CopyToDevice(logits, b.bytes.data(), b.bytes.size(), stream)) != 0 ||
+  if ((code = gpu::ZeroDevice(workspace, workspace_bytes, stream)) != 0 ||  // sample.h asks it
+      (code = gpu::CopyToDevice(logits, b.bytes.data(), b.bytes.size(), stream)) != 0 ||
       (code = gpu::CopyToDevice(params, b.params.data(), n * sizeof(RowParams), stream)) != 0) {
     return fail("CopyToDevice", code);
   }

@@ -369,6 +369,7 @@ class DirectSampler {
                                                  {&rank_, m * 8},
                                                  {&workspace_, workspace_bytes_}};
     for (const auto& [ptr, bytes] : buffers) EXPECT_EQ(gpu::DeviceMalloc(ptr, bytes), 0);
+    EXPECT_EQ(gpu::ZeroDevice(workspace_, workspace_bytes_, stream_), 0);  // sample.h asks it
     EXPECT_EQ(gpu::PinnedMalloc(&pinned_, logits + max_batch * (sizeof(RowParams) + 32)), 0);
   }
 

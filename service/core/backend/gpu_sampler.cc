@@ -182,6 +182,9 @@ absl::Status GpuSampler::Reserve(Buffer* buffer, size_t bytes, absl::string_view
         what, " on GPU ", device_.pci_bus_id, ", got ", gpu::ErrorString(code)));
   }
   buffer->bytes = want;
+  if (buffer->zeroed) {
+    return Check(gpu::ZeroDevice(buffer->ptr, want, stream_), absl::StrCat("zeroing ", what));
+  }
   return absl::OkStatus();
 }
 
@@ -355,6 +358,8 @@ absl::Status GpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   args.params_count = static_cast<int64_t>(batch.params.size());
   // The two-pass top-p kernel is launched only for batches that have such rows.
   args.top_p_rows = gpu::HasTopPRows(batch.params.data(), args.params_count, batch.vocab);
+  // A batch of greedy rows is one kernel launch.
+  args.all_greedy = gpu::AllGreedy(batch.params.data(), args.params_count);
   args.top_logprobs = n;
   args.logprob_source = batch.logprob_source;
   if (batch.bitmask_words > 0) {

@@ -71,6 +71,7 @@ class GpuSampler final : public Sampler {
     void* ptr = nullptr;
     size_t bytes = 0;
     bool pinned = false;
+    bool zeroed = false;  // zero-filled when (re)allocated: the kernels' workspace (sample.h)
   };
 
   GpuSampler(DeviceInfo device, kernels::gpu::Stream stream, kernels::gpu::Event staged);
@@ -89,11 +90,11 @@ class GpuSampler final : public Sampler {
   kernels::gpu::Event staged_ = nullptr;
   // The last request returned without synchronizing the stream (done event).
   bool unsynced_ = false;
-  Buffer pinned_in_{nullptr, 0, true};   // [logits | params], filled by the host
-  Buffer device_in_;                     // the same layout on the device
-  Buffer device_out_;                    // outputs (OutputLayout in gpu_sampler.cc)
-  Buffer pinned_out_{nullptr, 0, true};  // the outputs copied back
-  Buffer workspace_;                     // kernels::gpu::SampleWorkspaceBytes
+  Buffer pinned_in_{nullptr, 0, true};         // [logits | params], filled by the host
+  Buffer device_in_;                           // the same layout on the device
+  Buffer device_out_;                          // outputs (OutputLayout in gpu_sampler.cc)
+  Buffer pinned_out_{nullptr, 0, true};        // the outputs copied back
+  Buffer workspace_{nullptr, 0, false, true};  // kernels::gpu::SampleWorkspaceBytes, zeroed
   bool faulted_ = false;
   std::string fault_;  // what failed first, for the UNAVAILABLE message
 };

@@ -207,6 +207,9 @@ class GpuPlaneRunner final : public PlaneRunner {
           "expected ", workspace_bytes_,
           " bytes of device memory for the session's workspace, got ", RuntimeText(code)));
     }
+    // Zero-filled before first use, as kernels/gpu/sample.h asks (ordered before every step).
+    RETURN_IF_RUNTIME(gpu::ZeroDevice(workspace_, workspace_bytes_, stream_),
+                      "zeroing the session's workspace");
     try {
       thread_ = std::thread([this] {
         NameThisThread("sd-gpu-session");

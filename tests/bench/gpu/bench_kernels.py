@@ -55,8 +55,9 @@ def torch_native(logits, temperature, top_k, top_p, greedy):
 
 
 class Ours:
-    def __init__(self, path):
+    def __init__(self, path, greedy_hint=True):
         self.lib = ctypes.CDLL(path)
+        self.greedy_hint = greedy_hint
         L = self.lib
         L.samplerd_row_params_bytes.restype = ctypes.c_int64
         L.samplerd_workspace_bytes.restype = ctypes.c_size_t
@@ -80,20 +81,24 @@ class Ours:
             arr([7] * n, ctypes.c_uint64), ctypes.c_void_p(params.data_ptr()))
         assert err == 0, self.lib.samplerd_error_string(err)
         ws_bytes = self.lib.samplerd_workspace_bytes(batch, vocab, -1)
-        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+        ws = torch.zeros(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")  # sample.h asks it
         tokens = torch.empty(batch, dtype=torch.int32, device="cuda")
         status = torch.empty(batch, dtype=torch.uint8, device="cuda")
-        # As the server passes HasTopPRows of its host params: top-p as the only filter.
-        top_p_rows = int(temperature > 0.0 and not (0 < top_k < vocab) and 0.0 < top_p < 1.0)
-        return params, ws, ws_bytes, tokens, status, top_p_rows
+        # As the server passes HasTopPRows and AllGreedy of its host params: top-p as the only
+        # filter, and every row greedy (bit 1; an older library has no such bit).
+        hints = int(temperature > 0.0 and not (0 < top_k < vocab) and 0.0 < top_p < 1.0)
+        if temperature == 0.0 and self.greedy_hint and hasattr(self.lib,
+                                                                 "samplerd_all_greedy_hint"):
+            hints |= self.lib.samplerd_all_greedy_hint()
+        return params, ws, ws_bytes, tokens, status, hints
 
     def sample(self, logits, code, state):
-        params, ws, ws_bytes, tokens, status, top_p_rows = state
+        params, ws, ws_bytes, tokens, status, hints = state
         err = self.lib.samplerd_sample(
             ctypes.c_void_p(logits.data_ptr()), code, logits.shape[0], logits.shape[1],
             ctypes.c_void_p(params.data_ptr()), ctypes.c_void_p(tokens.data_ptr()),
             ctypes.c_void_p(status.data_ptr()), ctypes.c_void_p(ws.data_ptr()), ws_bytes,
-            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), top_p_rows)
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), hints)
         if err != 0:
             raise RuntimeError(self.lib.samplerd_error_string(err))
         return tokens
@@ -178,11 +183,13 @@ def main():
     ap.add_argument("--no-flush", action="store_true",
                     help="keep L2 warm between replays (default: flush it before each)")
     ap.add_argument("--ours-only", action="store_true", help="skip the PyTorch baseline")
+    ap.add_argument("--no-greedy-hint", action="store_true",
+                    help="greedy batches through the general kernels (no all_greedy hint)")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args()
 
-    ours = Ours(args.lib)
+    ours = Ours(args.lib, greedy_hint=not args.no_greedy_hint)
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     bw = read_bandwidth(flush)
     dev = torch.cuda.get_device_properties(0)

@@ -103,7 +103,7 @@ def main():
         for b in [int(x) for x in args.batches.split(",")]:
             logits = make_logits(b, v, torch.float32, "zipf", gen)
             state = ours.prepare(b, v, t, k, p, seed=1000)
-            params, ws, ws_bytes, tokens, status, top_p_rows = state
+            params, ws, ws_bytes, tokens, status, hints = state
             temp = torch.full((b,), max(t, 1e-6), device="cuda")
             kk = torch.full((b,), k, device="cuda", dtype=torch.int32) if k else None
             pp = torch.full((b,), p, device="cuda") if p < 1.0 else None
@@ -120,7 +120,7 @@ def main():
                     err = L.samplerd_sample_processed(
                         ptr(logits), 0, b, v, ptr(params), ptr(tokens), ptr(status), ptr(ws),
                         ws_bytes, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
-                        top_p_rows, ptr(mask), ptr(offsets), ptr(adjusts))
+                        hints, ptr(mask), ptr(offsets), ptr(adjusts))
                     if err != 0:
                         raise RuntimeError(L.samplerd_error_string(err))
 

@@ -308,6 +308,7 @@ class Cell {
     const size_t workspace_bytes = gpu::SampleWorkspaceBytes(batch_, vocab_, -1);
     if (gpu::DeviceMalloc(&device_params_, sizeof(params) + 8 * static_cast<size_t>(batch_)) != 0 ||
         gpu::DeviceMalloc(&workspace_, workspace_bytes) != 0 ||
+        gpu::ZeroDevice(workspace_, workspace_bytes, stream_) != 0 ||
         gpu::CopyToDevice(device_params_, &params, sizeof(params), stream_) != 0 ||
         gpu::EventCreate(&start_, false) != 0 || gpu::EventCreate(&end_, false) != 0) {
       return Failed("kernel", "setting up the kernel run failed");

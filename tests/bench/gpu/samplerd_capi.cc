@@ -45,9 +45,14 @@ int samplerd_write_params(int64_t batch, const float* temperature, const int32_t
   return err;
 }
 
+// The bit of `hints` (below) that sets SampleArgs::all_greedy; a library without this function
+// reads any nonzero `hints` as top_p_rows alone.
+int samplerd_all_greedy_hint() { return 2; }
+
 // Samples a dense [batch, vocab] tensor (dtype 0 fp32, 1 fp16, 2 bf16) on `stream`; all
-// pointers are device memory. `top_p_rows` as SampleArgs::top_p_rows (the server passes
-// HasTopPRows of its host params). Returns the runtime error code (0 = success).
+// pointers are device memory. `hints`: bit 0 SampleArgs::top_p_rows, bit 1 all_greedy (the
+// server passes HasTopPRows and AllGreedy of its host params). The workspace is zero-filled
+// before its first use (sample.h). Returns the runtime error code (0 = success).
 // Bytes of one TokenAdjust: int32 token, then float bias, repetition and penalty.
 int64_t samplerd_token_adjust_bytes() { return sizeof(TokenAdjust); }
 
@@ -55,7 +60,7 @@ int64_t samplerd_token_adjust_bytes() { return sizeof(TokenAdjust); }
 // bitmask [batch, ceil(vocab / 32)] and the adjusts with their batch + 1 row offsets.
 int samplerd_sample_processed(const void* logits, int dtype, int64_t batch, int64_t vocab,
                               const void* device_params, int32_t* token_ids, uint8_t* status,
-                              void* workspace, size_t workspace_bytes, void* stream, int top_p_rows,
+                              void* workspace, size_t workspace_bytes, void* stream, int hints,
                               const uint32_t* bitmask, const uint32_t* adjust_offsets,
                               const void* adjusts) {
   SampleArgs args;
@@ -68,7 +73,8 @@ int samplerd_sample_processed(const void* logits, int dtype, int64_t batch, int6
   args.params_count = batch;
   args.token_ids = token_ids;
   args.status = reinterpret_cast<RowStatus*>(status);
-  args.top_p_rows = top_p_rows != 0;
+  args.top_p_rows = (hints & 1) != 0;
+  args.all_greedy = (hints & 2) != 0;
   if (bitmask != nullptr) {
     args.allowed_bitmask = bitmask;
     args.bitmask_words = (vocab + 31) / 32;
@@ -82,9 +88,9 @@ int samplerd_sample_processed(const void* logits, int dtype, int64_t batch, int6
 
 int samplerd_sample(const void* logits, int dtype, int64_t batch, int64_t vocab,
                     const void* device_params, int32_t* token_ids, uint8_t* status, void* workspace,
-                    size_t workspace_bytes, void* stream, int top_p_rows) {
+                    size_t workspace_bytes, void* stream, int hints) {
   return samplerd_sample_processed(logits, dtype, batch, vocab, device_params, token_ids, status,
-                                   workspace, workspace_bytes, stream, top_p_rows, nullptr, nullptr,
+                                   workspace, workspace_bytes, stream, hints, nullptr, nullptr,
                                    nullptr);
 }
 
