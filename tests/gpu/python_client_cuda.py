@@ -243,6 +243,49 @@ def check_processors(args, samplerd):
               "the logits and the bitmask are GPU IPC regions (%d)" % len(gpu.cuda_regions))
 
 
+def check_lists_by_gpu_ipc(args, samplerd):
+    """A logit-bias list and a token history packed into CUDA tensors (GPU IPC regions, read by
+    the server after the request's ready event) give the tokens and processed logprobs of the
+    same lists inline, and the lists change the result."""
+    from samplerd._options import SampleOptions  # the request the inline options make
+    from samplerd._pb import pb
+
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(12)
+    batch = args.batch
+    options = dict(seed=seeds(batch), top_p=0.9, logprobs=(3, "processed"),
+                   repetition_penalty=1.4, frequency_penalty=0.3,
+                   logit_bias=[{7 * r + 1: 30.0, 163: -float("inf")} for r in range(batch)],
+                   prompt_token_ids=[[1, 2, r] for r in range(batch)],
+                   output_token_ids=[[2, 2, 9]] * batch)
+    inline = SampleOptions(**options).request(pb.Tensor(shape=[batch, VOCAB]))
+    with samplerd.Client(args.gpu, timeout=60, cuda_ipc="always") as gpu:
+        logits = torch.randn(batch, VOCAB, device=dev, generator=gen) * 3
+        want = gpu.sample(logits, **options)
+        plain = gpu.sample(logits, seed=options["seed"], top_p=0.9)
+        # The packed lists, written on the current stream before the logits' ready event.
+        bias = torch.from_numpy(samplerd.packed_lists(inline.logit_bias)).to(dev)
+        history = torch.from_numpy(samplerd.packed_lists(inline.token_history)).to(dev)
+        bias_slice, _, bias_lease = gpu._cuda.share(bias)
+        history_slice, _, history_lease = gpu._cuda.share(history)
+        try:
+            region_options = dict(options, logit_bias=pb.LogitBias(region=bias_slice),
+                                  token_history=pb.TokenHistory(region=history_slice),
+                                  prompt_token_ids=None, output_token_ids=None)
+            got = gpu.sample(logits, **region_options)
+        finally:
+            bias_lease.release()
+            history_lease.release()
+    same_logprobs = all(g.top_token_ids.tolist() == w.top_token_ids.tolist()
+                        for g, w in zip(got.logprobs, want.logprobs))
+    check(got.tokens.tolist() == want.tokens.tolist() and same_logprobs,
+          "a bias list and a token history in CUDA tensors (GPU IPC): tokens and top logprobs "
+          "== the same lists inline (%d rows)" % batch)
+    check(got.tokens.tolist() == [7 * r + 1 for r in range(batch)]
+          and plain.tokens.tolist() != got.tokens.tolist(),
+          "the lists from GPU memory took effect (every row's +30 token won)")
+
+
 def leave_region_child(args, samplerd):
     """Registers a CUDA region, prints its names, and dies without closing the client."""
     client = samplerd.Client(args.gpu, cuda_ipc="always")
@@ -331,6 +374,10 @@ def main():
         check_processors(args, samplerd)
     except Exception as e:  # noqa: BLE001 - one failed check, the others still run
         check(False, "logits processors with a CUDA bitmask: %s: %s" % (type(e).__name__, e))
+    try:
+        check_lists_by_gpu_ipc(args, samplerd)
+    except Exception as e:  # noqa: BLE001 - one failed check, the others still run
+        check(False, "bias and history lists by GPU IPC: %s: %s" % (type(e).__name__, e))
     check_stale_regions_are_reaped(args, samplerd)
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     child = subprocess.run([sys.executable, os.path.abspath(__file__), "--gpu", args.gpu, "--cpu",
