@@ -21,12 +21,21 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 LogitBiasSpec BiasList(std::vector<uint32_t> offsets, std::vector<int32_t> tokens,
                        std::vector<float> biases) {
-  return {std::move(offsets), std::move(tokens), std::move(biases)};
+  LogitBiasSpec spec;
+  spec.row_offsets = std::move(offsets);
+  spec.token_ids = std::move(tokens);
+  spec.biases = std::move(biases);
+  return spec;
 }
 
 TokenHistorySpec History(std::vector<uint32_t> offsets, std::vector<int32_t> tokens,
                          std::vector<uint32_t> counts, std::vector<uint8_t> in_prompt) {
-  return {std::move(offsets), std::move(tokens), std::move(counts), std::move(in_prompt)};
+  TokenHistorySpec spec;
+  spec.row_offsets = std::move(offsets);
+  spec.token_ids = std::move(tokens);
+  spec.output_counts = std::move(counts);
+  spec.in_prompt = std::move(in_prompt);
+  return spec;
 }
 
 class ProcessorsTest : public ::testing::Test {

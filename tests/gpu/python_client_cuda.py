@@ -253,15 +253,19 @@ def check_lists_by_gpu_ipc(args, samplerd):
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(12)
     batch = args.batch
+    # Row r's token 7r + 1 gets +30; no prompt or output token is one of them, so the repetition
+    # penalty does not divide the boost (it would with token 1 in row 0's prompt).
     options = dict(seed=seeds(batch), top_p=0.9, logprobs=(3, "processed"),
                    repetition_penalty=1.4, frequency_penalty=0.3,
                    logit_bias=[{7 * r + 1: 30.0, 163: -float("inf")} for r in range(batch)],
-                   prompt_token_ids=[[1, 2, r] for r in range(batch)],
+                   prompt_token_ids=[[2, 3, 1000 + r] for r in range(batch)],
                    output_token_ids=[[2, 2, 9]] * batch)
     inline = SampleOptions(**options).request(pb.Tensor(shape=[batch, VOCAB]))
-    with samplerd.Client(args.gpu, timeout=60, cuda_ipc="always") as gpu:
+    with samplerd.Client(args.gpu, timeout=60, cuda_ipc="always") as gpu, \
+            samplerd.Client(args.cpu, timeout=60) as cpu:
         logits = torch.randn(batch, VOCAB, device=dev, generator=gen) * 3
         want = gpu.sample(logits, **options)
+        reference = cpu_tokens(cpu, logits, **{k: v for k, v in options.items() if k != "seed"})
         plain = gpu.sample(logits, seed=options["seed"], top_p=0.9)
         # The packed lists, written on the current stream before the logits' ready event.
         bias = torch.from_numpy(samplerd.packed_lists(inline.logit_bias)).to(dev)
@@ -281,9 +285,13 @@ def check_lists_by_gpu_ipc(args, samplerd):
     check(got.tokens.tolist() == want.tokens.tolist() and same_logprobs,
           "a bias list and a token history in CUDA tensors (GPU IPC): tokens and top logprobs "
           "== the same lists inline (%d rows)" % batch)
+    check(want.tokens.tolist() == reference,
+          "the same lists inline: GPU tokens %s == CPU server tokens %s"
+          % (want.tokens.tolist(), reference))
     check(got.tokens.tolist() == [7 * r + 1 for r in range(batch)]
           and plain.tokens.tolist() != got.tokens.tolist(),
-          "the lists from GPU memory took effect (every row's +30 token won)")
+          "the lists from GPU memory took effect (every row's +30 token won: %s; without the "
+          "lists %s)" % (got.tokens.tolist(), plain.tokens.tolist()))
 
 
 def leave_region_child(args, samplerd):
