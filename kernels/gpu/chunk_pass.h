@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   __shared__ typename Reduce::Storage reduce;
   __shared__ uint32_t thread_max[kChunkThreads / kLogicalWarp];
   __shared__ uint32_t candidate_count;
+  __shared__ float candidate_from;
   __shared__ MassShared mass_sh;
 
   const int64_t row = blockIdx.y;
@@ -139,10 +140,40 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       }
     }
   };
+  // Rows that need only the statistics of x (greedy; z = x at T = 1): the argmax and one
+  // predicate a token for "NaN or +-inf"; the counts from a second look at the registers only
+  // in the threads that saw one (v13: ~11 -> ~5 instructions a token).
+  auto classify_x = [&]() {
+    bool special = false;
+#pragma unroll
+    for (int i = 0; i < kItemsPerThread; ++i) {
+      const float v = x[i];
+      special |= !(fabsf(v) < kInfF);
+      if (v > best_x) {
+        best_x = v;
+        best_i = i;
+      }
+    }
+    if (!special) {
+      finite_x = kItemsPerThread;  // every item finite (items past the row's end read -inf)
+      return;
+    }
+#pragma unroll  // (a loop over x[] that is not unrolled would move x[] to local memory)
+    for (int i = 0; i < kItemsPerThread; ++i) {
+      const float v = x[i];
+      nan += v != v;
+      pinf_x += v == kInfF;
+      finite_x += v > -kInfF;
+    }
+  };
   if (greedy) {
-    classify(std::false_type{}, std::false_type{});
+    classify_x();
   } else if (draws) {
     classify(std::true_type{}, std::true_type{});
+  } else if (unit_temperature) {  // z = x: the statistics of x are those of z (v13)
+    classify_x();
+    pinf_z = pinf_x;
+    max_z = best_x;
   } else {
     classify(std::true_type{}, std::false_type{});
   }
@@ -230,17 +261,44 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     for (int g = 1; g < kGroups; ++g) threshold = min(threshold, thread_max[g]);
     if (threshold == 0) threshold = kNegInfKey + 1;  // a group with fewer than m finite maxima
     const int64_t slot_base = (row * p.rows.chunks + chunk) * static_cast<int64_t>(kCandidateCap);
-    for_items([&](int64_t j, float v) {
-      const float z = temper(v);
-      if (!(z > -kInfF)) return;
-      const uint32_t key_j = OrderedKey(z);
-      if (key_j < threshold) return;
-      const uint32_t slot = atomicAdd(&candidate_count, 1u);
-      if (slot < static_cast<uint32_t>(kCandidateCap)) {
-        p.candidate_key[slot_base + slot] = key_j;
-        p.candidate_index[slot_base + slot] = static_cast<int32_t>(j);
+    // key(z) >= threshold <=> z >= KeyToFloat(threshold) for every z that is not NaN
+    // (OrderedKey is monotone; the threshold is the key of a float above -inf, so -inf is never
+    // a candidate) <=> x >= from (SmallestXReaching, one search by one thread). One comparison
+    // a token, and one shared atomic per thread that has candidates: a divide and a
+    // wave-aggregated atomic per token cost ~23 instructions a token (ncu SASS, NOTES.md v13).
+    if (threadIdx.x == 0) {
+      candidate_from = SmallestXReaching(KeyToFloat(threshold), params.temperature);
+    }
+    __syncthreads();
+    const float from = candidate_from;  // x >= from <=> z >= the threshold: no divide a token
+    uint32_t mine = 0;
+    uint32_t groups = 0;  // bit g: group g holds a candidate
+#pragma unroll 1
+    for (int g = 0; g < kItemsPerThread / 4; ++g) {
+      float v[4];
+      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, ItemIndex(begin, g * 4), end, v);
+      uint32_t here = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) here += v[e] >= from;
+      mine += here;
+      if (here > 0) groups |= 1u << g;
+    }
+    uint32_t slot = mine > 0 ? atomicAdd(&candidate_count, mine) : 0;
+#pragma unroll 1
+    for (; groups != 0; groups &= groups - 1) {
+      const int64_t group = ItemIndex(begin, (__ffs(groups) - 1) * 4);
+      float v[4];
+      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, group, end, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!(v[e] >= from)) continue;
+        if (slot < static_cast<uint32_t>(kCandidateCap)) {
+          p.candidate_key[slot_base + slot] = OrderedKey(temper(v[e]));
+          p.candidate_index[slot_base + slot] = static_cast<int32_t>(group + e);
+        }
+        ++slot;
       }
-    });
+    }
     __syncthreads();
     total = candidate_count;
     overflow = total > static_cast<uint32_t>(kCandidateCap);

@@ -7,6 +7,7 @@
 
 #include "kernels/common/philox.h"
 #include "kernels/common/sampling_types.h"
+#include "kernels/common/temperature_threshold.h"
 #include "kernels/gpu/platform.h"
 
 namespace samplerd::kernels::gpu {

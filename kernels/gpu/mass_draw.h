@@ -102,6 +102,18 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   const int64_t end = begin + kChunk < vocab ? begin + kChunk : vocab;
   // Group g of this thread: tokens [begin + at, begin + at + 4), at = (g * kThreads + tid) * 4.
   auto local_at = [&](int g) { return (g * kThreads + static_cast<int>(threadIdx.x)) * 4; };
+  const bool unit_temperature = params.temperature == 1.0f;
+  auto z_of = [&](float x) { return unit_temperature ? x : x / params.temperature; };
+  // The bins as thresholds on x (the plan's, v13): one comparison per token, no bin arithmetic
+  // and no divide.
+  const float kept_from = plan.kept_from_x;
+  const float boundary_from = plan.boundary_from_x;
+  // The chunk's loads at once; the kept and boundary tokens are counted from the registers
+  // while the chunk is staged in shared memory for the draw.
+  uint32_t kept_tokens = 0;
+  uint32_t kept_groups = 0;      // bit g: group g holds a kept token
+  uint32_t boundary_groups = 0;  // bit g: group g holds a boundary token
+  uint32_t boundary_tokens = 0;
   {
     float v[kGroups * 4];
 #pragma unroll
@@ -115,37 +127,21 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     for (int g = 0; g < kGroups; ++g) {
       *reinterpret_cast<float4*>(&sh.chunk[local_at(g)]) =
           make_float4(v[g * 4], v[g * 4 + 1], v[g * 4 + 2], v[g * 4 + 3]);
+      uint32_t kept = 0;
+      uint32_t boundary = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = v[g * 4 + e];
+        kept += x >= kept_from;
+        boundary += x >= boundary_from && x < kept_from;
+      }
+      kept_tokens += kept;
+      boundary_tokens += boundary;
+      if (kept > 0) kept_groups |= 1u << g;
+      if (boundary > 0) boundary_groups |= 1u << g;
     }
   }
   if (threadIdx.x == 0) sh.fill = 0;
-  const bool unit_temperature = params.temperature == 1.0f;
-  const float boundary = static_cast<float>(plan.boundary_bin);
-  auto z_of = [&](float x) { return unit_temperature ? x : x / params.temperature; };
-  // -inf (and NaN, which a kTwoPass row has none of) lands in no bin.
-  auto bin_of = [&](float z) {
-    return z > -kInfF ? plan.row_top - floorf(z * kMassBinsPerLogit) : kInfF;
-  };
-  // Pass over the chunk: count the kept tokens (above the boundary bin) and mark the groups
-  // holding boundary tokens.
-  uint32_t kept_tokens = 0;
-  uint32_t boundary_groups = 0;  // bit g: group g holds a boundary token
-  uint32_t boundary_tokens = 0;
-#pragma unroll 1
-  for (int g = 0; g < kGroups; ++g) {
-    const float4 x4 = *reinterpret_cast<const float4*>(&sh.chunk[local_at(g)]);
-    const float b[4] = {bin_of(z_of(x4.x)), bin_of(z_of(x4.y)), bin_of(z_of(x4.z)),
-                        bin_of(z_of(x4.w))};
-    uint32_t here = 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      kept_tokens += b[e] < boundary;
-      here += b[e] == boundary;
-    }
-    if (here > 0) {
-      boundary_groups |= 1u << g;
-      boundary_tokens += here;
-    }
-  }
   // The kept tokens compete in the Gumbel-max draw. They are sparse (9% of randn x 3 at p =
   // 0.95), so drawing in place would run the Philox and log code for whole waves where one lane
   // needs it (142 lane-instructions a token measured): they are queued first, then drawn with
@@ -160,8 +156,9 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   {
     const int64_t top = row_stats[chunk].argmax_x;
     if (top >= begin && top < end) {
-      const float z = z_of(sh.chunk[top - begin]);
-      if (bin_of(z) < boundary) {
+      const float x = sh.chunk[top - begin];
+      if (x >= kept_from) {
+        const float z = z_of(x);
         floor_score = z + GumbelNoise(params.seed, params.position, static_cast<uint64_t>(top));
       }
     }
@@ -170,11 +167,14 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     uint32_t at = first_kept;
     if (at < round + kKeptQueue && at + kept_tokens > round) {
 #pragma unroll 1
-      for (int g = 0; g < kGroups; ++g) {
+      for (uint32_t groups = kept_groups; groups != 0; groups &= groups - 1) {
+        const int first = local_at(__ffs(groups) - 1);
+        const float4 x4 = *reinterpret_cast<const float4*>(&sh.chunk[first]);
+        const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int local = local_at(g) + e;
-          if (!(bin_of(z_of(sh.chunk[local])) < boundary)) continue;
-          if (at >= round && at < round + kKeptQueue) sh.kept[at - round] = local;
+          if (!(x[e] >= kept_from)) continue;
+          if (at >= round && at < round + kKeptQueue) sh.kept[at - round] = first + e;
           ++at;
         }
       }
@@ -206,8 +206,9 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     boundary_groups &= boundary_groups - 1;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float z = z_of(sh.chunk[local_at(g) + e]);
-      if (!(bin_of(z) == boundary)) continue;
+      const float x = sh.chunk[local_at(g) + e];
+      if (!(x >= boundary_from && x < kept_from)) continue;
+      const float z = z_of(x);
       if (slot < static_cast<uint32_t>(kBoundaryCap)) {
         ws.boundary_key[row * kBoundaryCap + slot] = OrderedKey(z);
         ws.boundary_index[row * kBoundaryCap + slot] =

@@ -53,6 +53,10 @@ struct MassPlan {
   float row_top;      // floor(kMassBinsPerLogit * row max)
   double target;      // p * the row's mass
   double mass_above;  // mass of the bins above the boundary bin
+  // The bins as thresholds on the processed x (v13): a token is above the boundary bin iff
+  // x >= kept_from_x, in it iff boundary_from_x <= x < kept_from_x (-inf and NaN: neither).
+  float kept_from_x;
+  float boundary_from_x;
 };
 
 // Best Gumbel score of a chunk's tokens above the boundary bin (index -1: none).
@@ -140,7 +144,7 @@ __device__ void StoreMassHistogram(const MassShared& sh, const MassWorkspace& ws
 // gets it). Every thread of the block must call.
 template <int kThreads>
 __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats, int64_t row,
-                                int chunks, float top_p, MassPlanScratch& sh,
+                                int chunks, float top_p, float temperature, MassPlanScratch& sh,
                                 typename BlockReduce<kThreads>::Storage& reduce) {
   static_assert(kThreads > kMassBins, "one bin per thread, and one more for the total");
   using Reduce = BlockReduce<kThreads>;
@@ -246,6 +250,11 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
     }
     out.row_max = row_max;
     out.row_top = row_top;
+    // bin_of(z) = row_top - floor(8 z) is below bin b iff 8 z >= row_top - b + 1: exact in fp32
+    // (8 z is, and |row_top| < 2^23), so these thresholds decide exactly as the bins do.
+    const float b = static_cast<float>(out.boundary_bin);
+    out.kept_from_x = SmallestXReaching((row_top - b + 1.0f) / kMassBinsPerLogit, temperature);
+    out.boundary_from_x = SmallestXReaching((row_top - b) / kMassBinsPerLogit, temperature);
     out.target = target;
     out.mass_above = above;
     *plan = out;

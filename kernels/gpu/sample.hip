@@ -205,7 +205,8 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   const RowParams params = p.rows.Params(row);
   if (IsMassRow(params, p.rows.vocab, p.mass.enabled) &&
       PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.rows.chunks, row, p.rows.chunks,
-                                  params.top_p, sh.mass_plan, sh.reduce) == MassPath::kTwoPass) {
+                                  params.top_p, params.temperature, sh.mass_plan,
+                                  sh.reduce) == MassPath::kTwoPass) {
     return;
   }
   const ChunkStats* stats = p.stats + row * p.rows.chunks;
