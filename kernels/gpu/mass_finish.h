@@ -1,7 +1,6 @@
-// Top-p over a row's chunks: the end of the draw, shared by its two forms (the two-launch
-// MassDrawKernel of mass_draw.h and the one-launch tail of mass_fused.h). The tokens of the
-// boundary bin are sorted on chip, cut by the top-p rule, and drawn against the best Gumbel score
-// of the bins above it.
+// Top-p over a row's chunks: the end of the draw, run by the row's last MassDrawKernel block
+// (mass_draw.h). The tokens of the boundary bin are sorted on chip, cut by the top-p rule, and
+// drawn against the best Gumbel score of the bins above it.
 #ifndef SAMPLERD_KERNELS_GPU_MASS_FINISH_H_
 #define SAMPLERD_KERNELS_GPU_MASS_FINISH_H_
 
