@@ -72,6 +72,34 @@ TEST(SmallestXReachingTest, OverflowingQuotientsStillSplit) {
   EXPECT_LT(std::nextafter(y, -kInf) / 1e-5f, 3.0e38f);
 }
 
+// The bracketed search must give what a search over every key gives.
+float FullSearch(float c, float t) {
+  uint32_t lo = 0x007fffffu, hi = 0xff800000u;
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    (FloatFromOrderKey(mid) / t >= c ? hi : lo) = mid;
+  }
+  return FloatFromOrderKey(hi);
+}
+
+TEST(SmallestXReachingTest, TheBracketGivesWhatTheFullSearchGives) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::uniform_real_distribution<float> temperature(1e-3f, 4.0f);
+  int compared = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float c = FromBits(bits(rng));
+    if (std::isnan(c) || c == -kInf) continue;
+    const float t = i % 2 ? temperature(rng) : FromBits(bits(rng) & 0x7fffffffu);
+    if (!(t > 0.0f) || std::isinf(t)) continue;
+    const float y = SmallestXReaching(c, t);
+    const float full = FullSearch(c, t);
+    ASSERT_EQ(std::memcmp(&y, &full, sizeof y), 0) << "c " << c << " t " << t;
+    ++compared;
+  }
+  EXPECT_GT(compared, 100000);
+}
+
 TEST(FloatFromOrderKeyTest, KeysRunInFloatOrder) {
   float previous = -kInf;
   for (uint32_t key = 0x007fffffu + 1; key < 0xff800000u; key += 0x10001u) {
@@ -82,6 +110,10 @@ TEST(FloatFromOrderKeyTest, KeysRunInFloatOrder) {
   }
   EXPECT_EQ(FloatFromOrderKey(0x007fffffu), -kInf);
   EXPECT_EQ(FloatFromOrderKey(0xff800000u), kInf);
+  for (const float f : {-kInf, -3.5f, -0.0f, 0.0f, 1e-45f, 7.0f, kInf}) {
+    const float back = FloatFromOrderKey(OrderKeyOfFloat(f));
+    EXPECT_EQ(std::memcmp(&back, &f, sizeof f), 0) << f;
+  }
 }
 
 }  // namespace

@@ -29,6 +29,12 @@ SETTINGS = {
     "temperature_0.8": (0.8, 0, 1.0),
     "greedy": (0.0, 0, 1.0),
 }
+# Settings run only when named with --settings: filters at T != 1, where the passes compare x
+# with thresholds found by a search (NOTES.md v13) instead of dividing every token.
+EXTRA_SETTINGS = {
+    "top_k_50_t0.7": (0.7, 50, 1.0),
+    "top_p_0.95_t0.7": (0.7, 0, 0.95),
+}
 
 
 def torch_native(logits, temperature, top_k, top_p, greedy):
@@ -175,7 +181,8 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--iters", type=int, default=15)
-    ap.add_argument("--settings", help="comma-separated subset of " + ",".join(SETTINGS))
+    ap.add_argument("--settings", help="comma-separated subset of " +
+                    ",".join({**SETTINGS, **EXTRA_SETTINGS}))
     ap.add_argument("--batches", help="comma-separated batch sizes")
     ap.add_argument("--vocabs", help="comma-separated vocabulary sizes")
     ap.add_argument("--dtypes", help="comma-separated subset of fp32,bf16")
@@ -206,7 +213,7 @@ def main():
     if args.vocabs:
         vocabs = [int(v) for v in args.vocabs.split(",")]
     if args.settings:
-        settings = {k: SETTINGS[k] for k in args.settings.split(",")}
+        settings = {k: {**SETTINGS, **EXTRA_SETTINGS}[k] for k in args.settings.split(",")}
     if args.dists:
         dists = args.dists.split(",")
     if args.no_flush:
