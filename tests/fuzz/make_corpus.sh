@@ -3,7 +3,8 @@
 # below (protoc --encode) and the targets' input formats (see each fuzz_*.cc):
 #   fuzz_request: one byte picking the message, then its serialized bytes;
 #   fuzz_stream:  a flags byte, then messages, each a 2-byte little-endian length and its bytes;
-#   fuzz_regions: operation bytes.
+#   fuzz_regions: operation bytes;
+#   fuzz_session: a flags byte, then framed DeviceSessionRequests (as fuzz_stream's).
 # The seeds are checked in; run this after changing it (or the proto) and commit the result.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -107,4 +108,22 @@ printf '\x01\x01\x00\x00\x00\x05\x00\x20\x01\x02\x64\x00\x00\x05\x00\x10\x02\x01
 # Offsets and sizes whose sum overflows, an unknown key under the prefix, a bad name.
 printf '\x00\x00\x00\x03\x0a\x00\x03\xd0\x02ab\x00\x00\x00\xf5\x02a/\x00\x00\x02\x02\x00\x03\x03' |
   seed fuzz_regions overflow-and-bad-keys
+# fuzz_session: flags (fuzz_session.cc: bit 0 regions allowed, 1 ring a step, 2 writes fail,
+# bits 3-4 drain before read N, 5 no sessions allowed, 6 the rung step's params valid), then
+# framed DeviceSessionRequests.
+readonly CLOSE='close { }'
+{ byte 1; framed DeviceSessionRequest "${OPEN}"; framed DeviceSessionRequest "${CLOSE}"; } |
+  seed fuzz_session open-close
+{ byte 3; framed DeviceSessionRequest "${OPEN}"; } | seed fuzz_session open-ring-half-close
+{ byte $((1 | 2 | 64)); framed DeviceSessionRequest "${OPEN}"
+  framed DeviceSessionRequest "${CLOSE}"; } | seed fuzz_session ring-sampled-close
+{ byte 7; framed DeviceSessionRequest "${OPEN%\}} unregister_regions_on_end: true }"
+  framed DeviceSessionRequest "${CLOSE}"; } | seed fuzz_session unregister-writes-fail
+{ byte 1; framed DeviceSessionRequest "${OPEN}"; framed DeviceSessionRequest "${OPEN}"; } |
+  seed fuzz_session second-open
+{ byte 1; framed DeviceSessionRequest "${OPEN/PLANE_HOST/PLANE_GPU}"; } | seed fuzz_session gpu-plane
+{ byte 1; framed DeviceSessionRequest "${CLOSE}"; } | seed fuzz_session close-first
+{ byte $((1 | 2 << 3)); framed DeviceSessionRequest "${OPEN}"
+  framed DeviceSessionRequest "${CLOSE}"; } | seed fuzz_session drain-while-open
+{ byte 0; framed DeviceSessionRequest "${OPEN}"; } | seed fuzz_session remote-peer
 echo "corpus: $(find "${OUT}" -type f | wc -l) seeds, $(du -sb "${OUT}" | cut -f1) bytes"

@@ -14,7 +14,7 @@ readonly BUILD="${SAMPLERD_FUZZ_BUILD:-${ROOT}/build/fuzz}"
 readonly WORK="${BUILD}/short"
 readonly SECONDS_EACH="${SAMPLERD_FUZZ_SECONDS:-20}"
 targets=("$@")
-((${#targets[@]})) || targets=(fuzz_request fuzz_stream fuzz_regions)
+((${#targets[@]})) || targets=(fuzz_request fuzz_stream fuzz_regions fuzz_session)
 
 mkdir -p "${WORK}/artifacts"
 if ! "${ROOT}/tests/fuzz/build.sh" "${targets[@]}" >"${WORK}/build.log" 2>&1; then
