@@ -5,7 +5,7 @@
 #   tests/fuzz/run_long.sh TARGET SECONDS [MAX_RUNS]
 #   e.g. nice -n 15 tests/fuzz/run_long.sh fuzz_stream 14400
 #
-# TARGET: fuzz_request, fuzz_stream or fuzz_regions. Stops after SECONDS, or MAX_RUNS
+# TARGET: fuzz_request, fuzz_stream, fuzz_regions or fuzz_session. Stops after SECONDS, or MAX_RUNS
 # executions when given, or at the first finding. Works in build/fuzz/long/TARGET/ (corpus/,
 # the grown corpus, kept between runs; artifacts/, the input of a finding; log). Builds the
 # target first (tests/fuzz/build.sh). Exits non-zero on a finding; the reproducer is
