@@ -77,7 +77,7 @@ struct FastCpuSampler::Impl {
   }
 
   bool Sample(const SampleArgs& args);
-  bool SampleWithLogprobs(const SampleArgs& args);
+  bool SampleWithLogprobs(const SampleArgs& args);  // also rows with processors
 
   WorkerPool pool;
   TaskGuard guard;
@@ -96,7 +96,10 @@ bool FastCpuSampler::Impl::SampleWithLogprobs(const SampleArgs& args) {
 bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
   failed.store(false);
   if (args.batch <= 0) return true;
-  if (args.top_logprobs >= 0) return SampleWithLogprobs(args);
+  // Logprobs and logits processors: the oracle's rows (the fast passes read raw logits).
+  if (args.top_logprobs >= 0 || args.allowed_bitmask != nullptr || args.adjusts != nullptr) {
+    return SampleWithLogprobs(args);
+  }
   const int64_t batch = args.batch;
   chunks = (args.vocab + kChunk - 1) / kChunk;
   if (static_cast<int64_t>(stats.size()) < batch * chunks) stats.resize(batch * chunks);

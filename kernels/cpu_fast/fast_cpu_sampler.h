@@ -13,7 +13,8 @@
 // the oracle's own double sums are used). Otherwise top-p masses are exp(z - mx) (within 2 ulp)
 // quantised to 2^-62 and summed exactly, so a row whose top-p boundary sits within a rounding
 // error (~1e-13 of the total) of a token's cumulative mass may keep one token more or less.
-// Logprobs (top_logprobs >= 0) are computed by the oracle for the rows that ask.
+// Logprobs (top_logprobs >= 0) are computed by the oracle for the rows that ask; a batch with
+// logits processors (allowed_bitmask or adjusts) is sampled by the oracle, row by row.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
 #define SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
 

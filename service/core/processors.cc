@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/logits_processors.h"
 #include "service/core/model/status_macros.h"
 
 namespace samplerd::core {
@@ -131,10 +132,6 @@ RowPenalties PenaltiesOf(const SampleRequest& request, int64_t r) {
   return {p.repetition_penalty.value_or(1.0f), p.presence_penalty, p.frequency_penalty};
 }
 
-bool IsNoOp(const kernels::TokenAdjust& a) {
-  return a.bias == 0.0f && a.repetition == 1.0f && a.penalty == 0.0f;
-}
-
 // Merges the rows' bias entries (`bias_order`: indices sorted by token per row) and history
 // entries into out->adjusts / adjust_offsets.
 void Merge(const SampleRequest& request, const std::vector<uint32_t>& bias_order,
@@ -157,14 +154,11 @@ void Merge(const SampleRequest& request, const std::vector<uint32_t>& bias_order
       if (bt == a.token) a.bias = bias->biases[bias_order[b++]];
       if (ht == a.token) {
         const uint32_t i = history_order[h++];
-        const uint32_t count = history->output_counts[i];
-        if (history->in_prompt[i] != 0 || count > 0) a.repetition = pen.repetition;
         // float32 exactly as written (DESIGN.md): the kernels read this value, never recompute.
-        const float frequency = pen.frequency * static_cast<float>(count);
-        const float presence = pen.presence * (count > 0 ? 1.0f : 0.0f);
-        a.penalty = frequency + presence;
+        kernels::HistoryAdjust(history->output_counts[i], history->in_prompt[i] != 0,
+                               pen.repetition, pen.presence, pen.frequency, &a);
       }
-      if (!IsNoOp(a)) adjusts.push_back(a);
+      if (!kernels::IsNoOpAdjust(a)) adjusts.push_back(a);
     }
     offsets[r + 1] = static_cast<uint32_t>(adjusts.size());
   }

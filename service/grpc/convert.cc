@@ -228,6 +228,11 @@ void FromProto(const v1::DeviceSessionOpen& in, core::SessionOpen* out) {
   out->row_status = FromProto(in.row_status());
   out->sampled_logprobs =
       in.has_sampled_logprobs() ? FromProto(in.sampled_logprobs()) : core::SessionSlice{};
+  out->token_bitmask =
+      in.has_token_bitmask() ? FromProto(in.token_bitmask()) : core::SessionSlice{};
+  out->processors = in.has_processors() ? FromProto(in.processors()) : core::SessionSlice{};
+  out->logit_bias_capacity = in.logit_bias_capacity();
+  out->token_history_capacity = in.token_history_capacity();
   out->logprob_source = static_cast<int32_t>(in.logprob_source());
   out->plane = static_cast<int32_t>(in.plane());
   out->unregister_regions_on_end = in.unregister_regions_on_end();

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "proto/samplerd/v1/device_session.h"
 #include "service/core/session/session_manager.h"
 #include "tests/core/fake_gpu_ipc.h"
 #include "tests/core/shm_test_util.h"
@@ -72,14 +73,23 @@ inline RunnerFactory FakeFactory(Recorder* recorder) {
     last.token_ids = spec.token_ids;
     last.row_status = spec.row_status;
     last.sampled_logprobs = spec.sampled_logprobs;
+    last.token_bitmask = spec.token_bitmask;
+    last.processors = spec.processors;
+    last.logit_bias_capacity = spec.logit_bias_capacity;
+    last.token_history_capacity = spec.token_history_capacity;
     recorder->on_fault = std::move(on_fault);
     return std::make_unique<FakeRunner>(recorder, std::move(spec));
   };
 }
 
-// Byte offsets of a session's buffers packed in one region, each aligned to 64.
+// Entries of the processors buffer of the packed layout (logit bias, token history).
+inline constexpr uint32_t kBiasCapacity = 16;
+inline constexpr uint32_t kHistoryCapacity = 24;
+
+// Byte offsets of a session's buffers packed in one region, each aligned to 64 (the optional
+// token_bitmask and processors last, for WithProcessors).
 struct Layout {
-  uint64_t control, logits, params, token_ids, row_status, logprobs, total;
+  uint64_t control, logits, params, token_ids, row_status, logprobs, bitmask, processors, total;
 };
 
 inline Layout Pack(uint32_t m, uint64_t stride, uint64_t elem) {
@@ -97,6 +107,8 @@ inline Layout Pack(uint32_t m, uint64_t stride, uint64_t elem) {
   l.token_ids = take(4ull * m);
   l.row_status = take(4ull * m);
   l.logprobs = take(4ull * m);
+  l.bitmask = take(samplerd_bitmask_bytes(m, static_cast<uint32_t>(stride)));
+  l.processors = take(samplerd_processors_bytes(m, kBiasCapacity, kHistoryCapacity));
   l.total = (at + 63) / 64 * 64;  // a second layout may follow at total + 64
   return l;
 }
@@ -117,6 +129,16 @@ inline SessionOpen OpenIn(const std::string& region, uint64_t base = 0) {
   open.token_ids = {region, base + l.token_ids};
   open.row_status = {region, base + l.row_status};
   open.sampled_logprobs = {region, base + l.logprobs};
+  return open;
+}
+
+// `open` (made by OpenIn(region, base)) with the packed token_bitmask and processors buffers.
+inline SessionOpen WithProcessors(SessionOpen open, uint64_t base = 0) {
+  const Layout l = Pack(kM, kV, 4);
+  open.token_bitmask = {open.logits.region, base + l.bitmask};
+  open.processors = {open.logits.region, base + l.processors};
+  open.logit_bias_capacity = kBiasCapacity;
+  open.token_history_capacity = kHistoryCapacity;
   return open;
 }
 

@@ -58,6 +58,108 @@ TEST_F(HostSessions, SampledLogprobsAreOptionalAndTheSourceIsPassedOn) {
   EXPECT_EQ(recorder_.last.logprob_source, kernels::LogprobSource::kProcessed);
 }
 
+TEST_F(HostSessions, TheProcessorBuffersAreOptionalAndPassedOnWithTheirCapacities) {
+  ASSERT_TRUE(Open(OpenIn("host")).ok());
+  EXPECT_EQ(recorder_.last.token_bitmask, nullptr);
+  EXPECT_EQ(recorder_.last.processors, nullptr);
+
+  const Layout l = Pack(kM, kV, 4);
+  const uint64_t base = l.total + 64;  // a second session, its own control block
+  ASSERT_TRUE(Open(WithProcessors(OpenIn("host", base), base)).ok());
+  uint8_t* const data = regions_.Acquire("host", 0, 1)->view().data;
+  EXPECT_EQ(reinterpret_cast<const uint8_t*>(recorder_.last.token_bitmask),
+            data + base + l.bitmask);
+  EXPECT_EQ(recorder_.last.processors, data + base + l.processors);
+  EXPECT_EQ(recorder_.last.logit_bias_capacity, kBiasCapacity);
+  EXPECT_EQ(recorder_.last.token_history_capacity, kHistoryCapacity);
+}
+
+TEST_F(HostSessions, ACapacityWithoutProcessorsOrAboveMaxBatchTimesVocabIsInvalidArgument) {
+  SessionOpen open = OpenIn("host");
+  open.logit_bias_capacity = 3;
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
+                        "expected DeviceSessionOpen.logit_bias_capacity 0 without a processors "
+                        "buffer, got 3"));
+  open = OpenIn("host");
+  open.token_history_capacity = 1;
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
+                        "expected DeviceSessionOpen.token_history_capacity 0 without a "
+                        "processors buffer, got 1"));
+  open = WithProcessors(OpenIn("host"));
+  open.token_history_capacity = kM * kV + 1;
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
+                        "expected DeviceSessionOpen.token_history_capacity <= max_batch * vocab "
+                        "= 800 (a row names each token at most once), got 801"));
+  // A processors buffer with no lists at all (penalties only) is fine.
+  open = WithProcessors(OpenIn("host"));
+  open.logit_bias_capacity = 0;
+  open.token_history_capacity = 0;
+  EXPECT_TRUE(Open(open).ok());
+  EXPECT_EQ(recorder_.last.logit_bias_capacity, 0u);
+}
+
+TEST_F(HostSessions, AProcessorBufferTooSmallForMaxBatchVocabAndCapacitiesIsOutOfRange) {
+  const uint64_t size = shm_.size();
+  const uint64_t bitmask = 4ull * kM * ((kV + 31) / 32);
+  // 12 M + 8 (M + 1) for the penalties and offsets, 8 per bias entry, 9 per history entry.
+  const uint64_t processors = 12ull * kM + 8 * (kM + 1) + 8 * kBiasCapacity + 9 * kHistoryCapacity;
+  ASSERT_EQ(processors, samplerd_processors_bytes(kM, kBiasCapacity, kHistoryCapacity));
+  SessionOpen open = WithProcessors(OpenIn("host"));
+  open.token_bitmask.offset = size - bitmask + 4;  // one word short, still aligned
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kOutOfRange,
+                        absl::StrCat("DeviceSessionOpen.token_bitmask (int32[max_batch 8, "
+                                     "ceil(V / 32) 4]): expected ",
+                                     bitmask, " bytes at offset ", size - bitmask + 4,
+                                     ", got a region of ", size, " bytes")));
+  open = WithProcessors(OpenIn("host"));
+  open.processors.offset = size - processors + 4;
+  EXPECT_TRUE(
+      HasStatus(Open(open), absl::StatusCode::kOutOfRange,
+                absl::StrCat("DeviceSessionOpen.processors (samplerd_processors_bytes(max_batch 8, "
+                             "logit_bias_capacity 16, token_history_capacity 24) bytes): expected ",
+                             processors, " bytes at offset ", size - processors + 4,
+                             ", got a region of ", size, " bytes")));
+  // The same slice fits once the history capacity is one entry (9 bytes) smaller.
+  open.token_history_capacity = kHistoryCapacity - 1;
+  EXPECT_TRUE(Open(open).ok());
+}
+
+TEST_F(HostSessions, AMisalignedOrOverlappingProcessorBufferIsInvalidArgument) {
+  const uint64_t second = Pack(kM, kV, 4).total + 64;
+  for (const auto& [field, name, shift] :
+       std::vector<std::tuple<SessionSlice SessionOpen::*, std::string, uint64_t>>{
+           {&SessionOpen::token_bitmask, "token_bitmask", 2},
+           {&SessionOpen::processors, "processors", 1}}) {
+    SessionOpen open = WithProcessors(OpenIn("host"));
+    (open.*field).offset = second + shift;
+    EXPECT_TRUE(
+        HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("expected DeviceSessionOpen.", name, " aligned to 4 bytes, got")))
+        << name;
+  }
+  SessionOpen open = WithProcessors(OpenIn("host"));
+  open.token_bitmask.offset = open.row_status.offset;  // 4 * kM bytes shared
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
+                        "expected buffers that do not overlap, got DeviceSessionOpen.row_status "
+                        "and DeviceSessionOpen.token_bitmask sharing 32 bytes"));
+  open = WithProcessors(OpenIn("host"));
+  open.processors.offset = open.logits.offset + 4;
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
+                        "got DeviceSessionOpen.logits and DeviceSessionOpen.processors sharing"));
+  open = WithProcessors(OpenIn("host"));
+  open.processors.offset = open.token_bitmask.offset;
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
+                        "got DeviceSessionOpen.token_bitmask and DeviceSessionOpen.processors "
+                        "sharing"));
+}
+
+TEST_F(HostSessions, AnUnknownProcessorRegionIsNotFoundNamingTheBuffer) {
+  SessionOpen open = WithProcessors(OpenIn("host"));
+  open.processors.region = "nope";
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kNotFound,
+                        "DeviceSessionOpen.processors (samplerd_processors_bytes("));
+}
+
 TEST_F(HostSessions, AnUnsetOrUnknownDtypeIsInvalidArgument) {
   SessionOpen open = OpenIn("host");
   open.dtype = 0;

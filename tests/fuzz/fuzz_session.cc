@@ -270,6 +270,12 @@ std::optional<StatusCode> ShapeError(const v1::DeviceSessionOpen& open) {
   }
   if (open.logprob_source() < 0 || open.logprob_source() > 2) return StatusCode::kInvalidArgument;
   if (open.plane() < 0 || open.plane() > 2) return StatusCode::kInvalidArgument;
+  // Processor capacities: none without a processors buffer, at most M * V entries.
+  const uint64_t max_entries = uint64_t{open.max_batch()} * open.vocab();
+  for (const uint32_t capacity : {open.logit_bias_capacity(), open.token_history_capacity()}) {
+    if (capacity != 0 && open.processors().region().empty()) return StatusCode::kInvalidArgument;
+    if (capacity > max_entries) return StatusCode::kInvalidArgument;
+  }
   if (open.plane() == v1::DEVICE_PLANE_GPU) return StatusCode::kFailedPrecondition;  // CPU server
   for (const v1::RegionSlice* s :
        {&open.control(), &open.logits(), &open.params(), &open.token_ids(), &open.row_status()}) {
@@ -278,7 +284,8 @@ std::optional<StatusCode> ShapeError(const v1::DeviceSessionOpen& open) {
   return std::nullopt;
 }
 
-// Writes valid sampling parameters for row 0 into the session's params buffer.
+// Writes valid sampling parameters for row 0 into the session's params buffer, and valid
+// processors for it (no penalties, empty lists) when the session has a processors buffer.
 void WriteValidParams(const v1::DeviceSessionOpen& open) {
   const uint32_t m = open.max_batch();
   uint8_t* params = Engine(open.params(), samplerd_params_bytes(m));
@@ -293,6 +300,19 @@ void WriteValidParams(const v1::DeviceSessionOpen& open) {
   std::memcpy(params + samplerd_params_top_p_offset(m), &top_p, 4);
   std::memcpy(params + samplerd_params_min_p_offset(m), &min_p, 4);
   std::memcpy(params + samplerd_params_top_p_mode_offset(m), &top_p_mode, 4);
+  if (open.processors().region().empty()) return;
+  uint8_t* procs = Engine(
+      open.processors(),
+      samplerd_processors_bytes(m, open.logit_bias_capacity(), open.token_history_capacity()));
+  Check(procs != nullptr, "an opened session's processors are outside their region");
+  const float repetition = 1.0f, zero = 0.0f;
+  const uint32_t offsets[2] = {0, 0};
+  std::memcpy(procs + samplerd_processors_repetition_offset(m), &repetition, 4);
+  std::memcpy(procs + samplerd_processors_presence_offset(m), &zero, 4);
+  std::memcpy(procs + samplerd_processors_frequency_offset(m), &zero, 4);
+  std::memcpy(procs + samplerd_processors_bias_offsets_offset(m), offsets, 8);
+  std::memcpy(procs + samplerd_processors_history_offsets_offset(m, open.logit_bias_capacity()),
+              offsets, 8);
 }
 
 // As an engine: rings one step of batch 1 on the opened session and checks its outputs (with
@@ -322,7 +342,11 @@ void RingOneStep(const v1::DeviceSessionOpen& open, bool valid_params) {
   std::memcpy(&token, token_at, 4);
   std::memcpy(&status, status_at, 4);
   Trace(absl::StrCat("step: token ", token, ", row status ", status), absl::OkStatus());
-  Check(status >= SAMPLERD_ROW_OK && status <= SAMPLERD_ROW_INVALID_PARAMS,
+  // NO_ALLOWED only with a bitmask or processors (whose bytes the fuzzer left as they were).
+  const bool processors =
+      !open.token_bitmask().region().empty() || !open.processors().region().empty();
+  Check(status >= SAMPLERD_ROW_OK &&
+            status <= (processors ? SAMPLERD_ROW_INVALID_NO_ALLOWED : SAMPLERD_ROW_INVALID_PARAMS),
         absl::StrCat("row status ", status));
   Check(!valid_params || status != SAMPLERD_ROW_INVALID_PARAMS, "valid parameters refused");
   Check(status == SAMPLERD_ROW_OK ? token >= 0 && static_cast<uint32_t>(token) < open.vocab()
@@ -410,7 +434,7 @@ void CheckCall(const Flags& flags, const std::vector<std::string>& messages, con
   // The session's regions: unregistered on its end when it asked for that, else kept.
   for (const v1::RegionSlice* s :
        {&open.control(), &open.logits(), &open.params(), &open.token_ids(), &open.row_status(),
-        &open.sampled_logprobs()}) {
+        &open.sampled_logprobs(), &open.token_bitmask(), &open.processors()}) {
     if (s->region().empty()) continue;
     Check(Registered(s->region()) != open.unregister_regions_on_end(),
           absl::StrCat("region ", s->region(), open.unregister_regions_on_end() ? " kept" : " gone",

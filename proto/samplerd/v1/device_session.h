@@ -1,12 +1,16 @@
 /* samplerd device sessions: the memory layout and the per-step protocol (API v1).
  *
  * A device session (SamplerService.DeviceSession in sampler.proto) is a per-step data plane with
- * no RPC per step. The engine owns five buffers, registers them as regions (RegisterRegion) and
- * names them in DeviceSessionOpen. Each step is then a handful of operations on the engine's
- * own GPU stream; the gRPC stream only opens, holds and closes the session.
+ * no RPC per step. The engine owns five buffers (and up to three optional ones), registers them as
+ * regions (RegisterRegion) and names them in DeviceSessionOpen. Each step is then a handful of
+ * operations on the engine's own GPU stream; the gRPC stream only opens, holds and closes the
+ * session.
  *
  * This header is plain C (C99 and C++), with no dependencies, so that an engine in any language
  * can be written from it and sampler.proto alone. All integers are little-endian.
+ *
+ * Two optional buffers (token_bitmask, processors) carry logits processors; a session opened
+ * without them samples exactly as before they existed.
  *
  * The control block is always host shared memory (a host shm region), in both planes: the
  * engine pins it (cudaHostRegister / hipHostRegister, mapped) and its stream writes and waits
@@ -43,14 +47,52 @@
  *               seed: the engine always supplies seed and position.
  *   token_ids   int32[M], aligned to 4: the sampled token of row i, or -1.
  *   row_status  int32[M], aligned to 4: RowStatus values of sampler.proto (1 = OK, 2 = NaN in
- *               the row, 3 = every logit -inf, 4 = invalid parameters).
+ *               the row, 3 = every logit -inf, 4 = invalid parameters or processors, 5 = no
+ *               token allowed after the processors).
  *   sampled_logprobs (optional) float[M], aligned to 4: the sampled token's logprob, from the
  *               source named in DeviceSessionOpen.logprob_source; -inf for invalid rows.
+ *   token_bitmask (optional) int32 words [M, W], W = ceil(V / 32), aligned to 4: the
+ *               allowed-token bitmask (xgrammar's and vLLM's layout): bit t % 32 of word t / 32
+ *               of row i set = token t allowed; bits past V are ignored. With it, every step
+ *               applies row i's mask (write all ones for an unconstrained row).
+ *   processors  (optional) samplerd_processors_bytes(M, NB, NH), aligned to 4, with
+ *               NB = DeviceSessionOpen.logit_bias_capacity and NH = token_history_capacity
+ *               (entries over all rows): the per-row penalties, the packed logit-bias lists and
+ *               the packed token histories (processors.proto's LogitBias / TokenHistory
+ *               semantics), at the samplerd_processors_*_offset(M, NB, NH) offsets:
+ *                 float   repetition_penalty[M]   finite, > 0; 1 = off
+ *                 float   presence_penalty[M]     [-2, 2]; 0 = off
+ *                 float   frequency_penalty[M]    [-2, 2]; 0 = off
+ *                 uint32  bias_row_offsets[M + 1] row i's bias entries are
+ *                                                 [bias_row_offsets[i], bias_row_offsets[i + 1])
+ *                 int32   bias_token_ids[NB]      in [0, V), strictly increasing within a row
+ *                 float   biases[NB]              any float but NaN (+-inf force / ban)
+ *                 uint32  history_row_offsets[M + 1]   likewise for the history entries
+ *                 int32   history_token_ids[NH]   in [0, V), strictly increasing within a row
+ *                 uint32  history_output_counts[NH]    the token's count in the row's output
+ *                 uint8   history_in_prompt[NH]   0 or 1: the token is in the row's prompt
+ *               Row i's lists are valid when off[i] <= off[i + 1] <= capacity (for each list),
+ *               and, taken in row order, the merged entries of the valid rows up to i number at
+ *               most NB + NH (which fails only where rows' ranges overlap, next to a row whose
+ *               offsets decrease). Write every row's penalties and offsets each step (1, 0, 0
+ *               and off[i] = off[i + 1] for a row without any).
  * No two buffers may overlap. Only rows [0, B) of a step are read or written.
+ *
+ * Logits processors (token_bitmask, processors): per row, before temperature and every filter,
+ * exactly as SampleRequest's (processors.proto): x[t] += bias; then the penalties on the row's
+ * history entries (repetition: x > 0 ? x / r : x * r for a token in the prompt or output;
+ * x -= frequency * count + presence * (count > 0), in float32 as written); then the bitmask
+ * (a clear bit makes the token -inf). A row whose processors break a rule above (offsets out of
+ * order or past the capacity, a token id outside [0, V) or not strictly increasing, a NaN bias,
+ * an in_prompt other than 0 or 1, a penalty out of range) gets ROW_STATUS 4 and token -1; a row
+ * with finite logits but none allowed after the processors gets ROW_STATUS 5 and token -1.
+ * Requiring sorted lists (unlike SampleRequest, which sorts them) lets the GPU plane check and
+ * merge a row in one pass on the device; the clients sort what they pack.
  *
  * One step, engine side, in stream order (every value below is fixed, so a CUDA graph can hold
  * the whole sequence and replay it):
- *   1. write logits rows [0, B) and params rows [0, B); write control.batch = B;
+ *   1. write logits rows [0, B), params rows [0, B) (and the token_bitmask and processors rows
+ *      [0, B) when the session has them); write control.batch = B;
  *   2. write control.doorbell = SAMPLERD_RING                 (cuStreamWriteValue32, default flags:
  *                                                               the write is fenced after 1.)
  *   3. wait until control.done == SAMPLERD_DONE               (cuStreamWaitValue32, EQ)
@@ -95,12 +137,15 @@ extern "C" {
 #define SAMPLERD_ROW_INVALID_NAN 2
 #define SAMPLERD_ROW_INVALID_NO_FINITE 3
 #define SAMPLERD_ROW_INVALID_PARAMS 4
-/* Not written by sessions yet: they carry no logits processors (API v1). */
+/* Written only by sessions opened with token_bitmask or processors (a row left with nothing
+ * allowed); sessions without them never write it. */
 #define SAMPLERD_ROW_INVALID_NO_ALLOWED 5
 
 #define SAMPLERD_CONTROL_BYTES 256u
 #define SAMPLERD_CONTROL_ALIGN 64u
 #define SAMPLERD_PARAMS_ALIGN 8u
+#define SAMPLERD_BITMASK_ALIGN 4u
+#define SAMPLERD_PROCESSORS_ALIGN 4u
 
 /* The control block: engine-written words and server-written words in separate 64-byte lines,
  * so that neither side's polling touches the other's line. */
@@ -134,6 +179,41 @@ static inline uint64_t samplerd_params_top_p_offset(uint32_t m) { return 24ull *
 static inline uint64_t samplerd_params_min_p_offset(uint32_t m) { return 28ull * m; }
 static inline uint64_t samplerd_params_top_p_mode_offset(uint32_t m) { return 32ull * m; }
 static inline uint64_t samplerd_params_bytes(uint32_t m) { return 36ull * m; }
+
+/* Words per row of the token_bitmask buffer, and its size for max_batch M and vocab V. */
+static inline uint64_t samplerd_bitmask_words(uint32_t v) { return (v + 31ull) / 32ull; }
+static inline uint64_t samplerd_bitmask_bytes(uint32_t m, uint32_t v) {
+  return 4ull * m * samplerd_bitmask_words(v);
+}
+
+/* Byte offsets of the processors arrays for max_batch M, bias capacity NB and history capacity
+ * NH, and the size of the whole buffer. */
+static inline uint64_t samplerd_processors_repetition_offset(uint32_t m) { return 0ull * m; }
+static inline uint64_t samplerd_processors_presence_offset(uint32_t m) { return 4ull * m; }
+static inline uint64_t samplerd_processors_frequency_offset(uint32_t m) { return 8ull * m; }
+static inline uint64_t samplerd_processors_bias_offsets_offset(uint32_t m) { return 12ull * m; }
+static inline uint64_t samplerd_processors_bias_tokens_offset(uint32_t m) {
+  return 12ull * m + 4ull * (m + 1ull);
+}
+static inline uint64_t samplerd_processors_biases_offset(uint32_t m, uint32_t nb) {
+  return samplerd_processors_bias_tokens_offset(m) + 4ull * nb;
+}
+static inline uint64_t samplerd_processors_history_offsets_offset(uint32_t m, uint32_t nb) {
+  return samplerd_processors_biases_offset(m, nb) + 4ull * nb;
+}
+static inline uint64_t samplerd_processors_history_tokens_offset(uint32_t m, uint32_t nb) {
+  return samplerd_processors_history_offsets_offset(m, nb) + 4ull * (m + 1ull);
+}
+static inline uint64_t samplerd_processors_output_counts_offset(uint32_t m, uint32_t nb,
+                                                                uint32_t nh) {
+  return samplerd_processors_history_tokens_offset(m, nb) + 4ull * nh;
+}
+static inline uint64_t samplerd_processors_in_prompt_offset(uint32_t m, uint32_t nb, uint32_t nh) {
+  return samplerd_processors_output_counts_offset(m, nb, nh) + 4ull * nh;
+}
+static inline uint64_t samplerd_processors_bytes(uint32_t m, uint32_t nb, uint32_t nh) {
+  return samplerd_processors_in_prompt_offset(m, nb, nh) + 1ull * nh;
+}
 
 #ifdef __cplusplus
 } /* extern "C" */

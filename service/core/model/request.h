@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/common/sampling_types.h"
 

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common/sampling_types.h"
+#include "kernels/common/session_processors.h"
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 #include "proto/samplerd/v1/device_session.h"
 #include "service/core/backend/guarded_copy.h"
@@ -115,6 +116,11 @@ class HostPlaneRunner : public PlaneRunner {
     tokens_.resize(m);
     status_.resize(m);
     if (spec_.sampled_logprobs != nullptr) logprobs_.resize(m);
+    if (spec_.processors != nullptr) {
+      processors_ = kernels::ResolveSessionProcessors(
+          spec_.processors, m, spec_.logit_bias_capacity, spec_.token_history_capacity);
+      adjust_offsets_.resize(m + 1);
+    }
   }
 
   ~HostPlaneRunner() override { Stop(); }
@@ -182,6 +188,7 @@ class HostPlaneRunner : public PlaneRunner {
       if (!valid_[i]) params_[i] = kernels::RowParams{0.0f};  // greedy: cheap, ignored below
       any_valid = any_valid || valid_[i];
     }
+    if (spec_.processors != nullptr) any_valid = MergeProcessors(batch);
     if (any_valid) {
       kernels::SampleArgs args;
       args.logits = spec_.logits;
@@ -193,6 +200,14 @@ class HostPlaneRunner : public PlaneRunner {
       args.params_count = batch;
       args.token_ids = tokens_.data();
       args.status = status_.data();
+      if (spec_.token_bitmask != nullptr) {
+        args.allowed_bitmask = spec_.token_bitmask;
+        args.bitmask_words = static_cast<int64_t>(samplerd_bitmask_words(spec_.vocab));
+      }
+      if (!adjusts_.empty()) {
+        args.adjusts = adjusts_.data();
+        args.adjust_offsets = adjust_offsets_.data();
+      }
       if (spec_.sampled_logprobs != nullptr) {
         args.top_logprobs = 0;
         args.logprob_source = spec_.logprob_source;
@@ -211,6 +226,35 @@ class HostPlaneRunner : public PlaneRunner {
     (void)control;
     Finish(SAMPLERD_STEP_OK);
     return true;
+  }
+
+  // Checks every row's processors (a bad row becomes invalid) and merges the valid rows' entries
+  // into adjusts_ / adjust_offsets_ (rows [0, batch)), with the code the GPU plane runs per row
+  // (kernels/common/session_processors.h). Returns whether any row is still valid.
+  bool MergeProcessors(uint32_t batch) {
+    bool any_valid = false;
+    adjusts_.clear();
+    adjust_offsets_[0] = 0;
+    for (uint32_t i = 0; i < batch; ++i) {
+      if (valid_[i] && !kernels::SessionRowValid(processors_, i, spec_.vocab)) {
+        valid_[i] = false;
+        params_[i] = kernels::RowParams{0.0f};
+      }
+      if (valid_[i]) {
+        const size_t at = adjusts_.size();
+        const uint32_t n = kernels::MergeSessionRow(processors_, i, nullptr);
+        if (!kernels::SessionEntriesFit(at, n, processors_)) {
+          valid_[i] = false;
+          params_[i] = kernels::RowParams{0.0f};
+        } else {
+          adjusts_.resize(at + n);
+          kernels::MergeSessionRow(processors_, i, adjusts_.data() + at);
+          any_valid = true;
+        }
+      }
+      adjust_offsets_[i + 1] = static_cast<uint32_t>(adjusts_.size());
+    }
+    return any_valid;
   }
 
   // step_status, steps_done, then done with a release store (the outputs before it).
@@ -234,6 +278,9 @@ class HostPlaneRunner : public PlaneRunner {
   std::vector<int32_t> tokens_;
   std::vector<kernels::RowStatus> status_;
   std::vector<float> logprobs_;
+  kernels::SessionProcessors processors_;      // resolved when the session has processors
+  std::vector<kernels::TokenAdjust> adjusts_;  // the step's merged entries
+  std::vector<uint32_t> adjust_offsets_;       // [max_batch + 1]
 
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> steps_{0};

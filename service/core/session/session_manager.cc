@@ -21,10 +21,22 @@ namespace samplerd::core {
 namespace {
 
 // The buffers in SessionSpec::leases order.
-enum Buffer { kControl, kLogits, kParams, kTokenIds, kRowStatus, kSampledLogprobs, kBuffers };
+// The first kSampledLogprobs are required, the rest optional.
+enum Buffer {
+  kControl,
+  kLogits,
+  kParams,
+  kTokenIds,
+  kRowStatus,
+  kSampledLogprobs,
+  kTokenBitmask,
+  kProcessors,
+  kBuffers
+};
 
 constexpr std::array<const char*, kBuffers> kBufferNames = {
-    "control", "logits", "params", "token_ids", "row_status", "sampled_logprobs"};
+    "control",    "logits",           "params",        "token_ids",
+    "row_status", "sampled_logprobs", "token_bitmask", "processors"};
 
 std::string Field(int buffer) { return absl::StrCat("DeviceSessionOpen.", kBufferNames[buffer]); }
 
@@ -120,6 +132,21 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
     return Invalid("DeviceSessionOpen.plane 0 to 2 (DevicePlane)",
                    absl::StrCat("the unknown value ", open.plane));
   }
+  const uint64_t m = open.max_batch;
+  const uint64_t max_entries = m * open.vocab;  // each row names a token at most once
+  for (const auto& [name, capacity] :
+       {std::pair<const char*, uint32_t>{"logit_bias_capacity", open.logit_bias_capacity},
+        {"token_history_capacity", open.token_history_capacity}}) {
+    if (capacity != 0 && open.processors.region.empty()) {
+      return Invalid(absl::StrCat("DeviceSessionOpen.", name, " 0 without a processors buffer"),
+                     absl::StrCat(capacity));
+    }
+    if (capacity > max_entries) {
+      return Invalid(absl::StrCat("DeviceSessionOpen.", name, " <= max_batch * vocab = ",
+                                  max_entries, " (a row names each token at most once)"),
+                     absl::StrCat(capacity));
+    }
+  }
   const bool gpu_served = backend_ == BackendKind::kGpu && device_.ipc_memory;
   if (open.plane == 1 && !gpu_served) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -131,23 +158,29 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
 
   // The buffers: present, leased with their full size.
   const std::array<const SessionSlice*, kBuffers> slices = {
-      &open.control,   &open.logits,     &open.params,
-      &open.token_ids, &open.row_status, &open.sampled_logprobs};
+      &open.control,    &open.logits,           &open.params,        &open.token_ids,
+      &open.row_status, &open.sampled_logprobs, &open.token_bitmask, &open.processors};
+  std::array<bool, kBuffers> present;
+  for (int b = 0; b < kBuffers; ++b) present[b] = !slices[b]->region.empty();
   for (int b = 0; b < kSampledLogprobs; ++b) {
     if (slices[b]->region.empty()) {
       return Invalid(absl::StrCat(Field(b), " to name a registered region"), "none");
     }
   }
-  const uint64_t m = open.max_batch;
   const uint64_t elem = static_cast<uint64_t>(kernels::DTypeSize(spec->dtype));
-  const std::array<uint64_t, kBuffers> bytes = {SAMPLERD_CONTROL_BYTES,
-                                                m * stride * elem,
-                                                samplerd_params_bytes(open.max_batch),
-                                                4 * m,
-                                                4 * m,
-                                                4 * m};
+  const std::array<uint64_t, kBuffers> bytes = {
+      SAMPLERD_CONTROL_BYTES,
+      m * stride * elem,
+      samplerd_params_bytes(open.max_batch),
+      4 * m,
+      4 * m,
+      4 * m,
+      samplerd_bitmask_bytes(open.max_batch, open.vocab),
+      samplerd_processors_bytes(open.max_batch, open.logit_bias_capacity,
+                                open.token_history_capacity)};
   const std::array<uint64_t, kBuffers> align = {
-      SAMPLERD_CONTROL_ALIGN, elem, SAMPLERD_PARAMS_ALIGN, 4, 4, 4};
+      SAMPLERD_CONTROL_ALIGN,   elem, SAMPLERD_PARAMS_ALIGN, 4, 4, 4, SAMPLERD_BITMASK_ALIGN,
+      SAMPLERD_PROCESSORS_ALIGN};
   const std::array<std::string, kBuffers> what = {
       absl::StrCat(SAMPLERD_CONTROL_BYTES, " bytes"),
       absl::StrCat("[max_batch ", m, ", row_stride ", stride, "] ",
@@ -155,9 +188,14 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
       absl::StrCat("36 * max_batch ", m, " bytes"),
       absl::StrCat("int32[max_batch ", m, "]"),
       absl::StrCat("int32[max_batch ", m, "]"),
-      absl::StrCat("float32[max_batch ", m, "]")};
-  const int buffers = open.sampled_logprobs.region.empty() ? kSampledLogprobs : kBuffers;
-  for (int b = 0; b < buffers; ++b) {
+      absl::StrCat("float32[max_batch ", m, "]"),
+      absl::StrCat("int32[max_batch ", m, ", ceil(V / 32) ", samplerd_bitmask_words(open.vocab),
+                   "]"),
+      absl::StrCat("samplerd_processors_bytes(max_batch ", m, ", logit_bias_capacity ",
+                   open.logit_bias_capacity, ", token_history_capacity ",
+                   open.token_history_capacity, ") bytes")};
+  for (int b = 0; b < kBuffers; ++b) {
+    if (!present[b]) continue;
     absl::StatusOr<RegionLease> lease =
         regions_->Acquire(slices[b]->region, slices[b]->offset, bytes[b]);
     if (!lease.ok()) return AboutBuffer(b, what[b], lease.status());
@@ -172,7 +210,8 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
                    "a GPU IPC region");
   }
   const RegionKind kind = spec->leases[kLogits].view().kind;
-  for (int b = kLogits + 1; b < buffers; ++b) {
+  for (int b = kLogits + 1; b < kBuffers; ++b) {
+    if (!present[b]) continue;
     const RegionKind other = spec->leases[b].view().kind;
     if (other != kind) {
       return Invalid("the data buffers in one kind of region (all host shm or all GPU IPC)",
@@ -196,7 +235,8 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
           "expected host shm buffers on a server without the GPU plane, got GPU IPC regions");
     }
     RETURN_IF_ERROR(MatchDevice(open.device, device_));
-    for (int b = kLogits; b < buffers; ++b) {
+    for (int b = kLogits; b < kBuffers; ++b) {
+      if (!present[b]) continue;
       const int ordinal = spec->leases[b].view().device_ordinal;
       if (ordinal != device_.ordinal) {
         return absl::FailedPreconditionError(
@@ -213,7 +253,7 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
     opened->plane = SessionPlane::kHost;
   }
   for (int b : {kControl, kTokenIds, kRowStatus, kSampledLogprobs}) {
-    if (b < buffers && spec->leases[b].view().kind == RegionKind::kHostShm &&
+    if (present[b] && spec->leases[b].view().kind == RegionKind::kHostShm &&
         !spec->leases[b].view().writable) {
       return absl::FailedPreconditionError(
           absl::StrCat("expected ", Field(b),
@@ -223,7 +263,8 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
   }
 
   // Alignment and overlap, on the resolved addresses.
-  for (int b = 0; b < buffers; ++b) {
+  for (int b = 0; b < kBuffers; ++b) {
+    if (!present[b]) continue;
     const uintptr_t address = reinterpret_cast<uintptr_t>(spec->leases[b].view().data);
     if (address % align[b] != 0) {
       return Invalid(absl::StrCat(Field(b), " aligned to ", align[b], " bytes"),
@@ -231,8 +272,9 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
                                   align[b], " (region offset ", slices[b]->offset, ")"));
     }
   }
-  for (int a = 0; a < buffers; ++a) {
-    for (int b = a + 1; b < buffers; ++b) {
+  for (int a = 0; a < kBuffers; ++a) {
+    for (int b = a + 1; b < kBuffers; ++b) {
+      if (!present[a] || !present[b]) continue;
       const RegionView& x = spec->leases[a].view();
       const RegionView& y = spec->leases[b].view();
       if (x.kind != y.kind) continue;  // host and device addresses never alias
@@ -257,8 +299,16 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
   spec->token_ids = reinterpret_cast<int32_t*>(spec->leases[kTokenIds].view().data);
   spec->row_status = reinterpret_cast<int32_t*>(spec->leases[kRowStatus].view().data);
   spec->sampled_logprobs =
-      buffers == kBuffers ? reinterpret_cast<float*>(spec->leases[kSampledLogprobs].view().data)
-                          : nullptr;
+      present[kSampledLogprobs]
+          ? reinterpret_cast<float*>(spec->leases[kSampledLogprobs].view().data)
+          : nullptr;
+  spec->token_bitmask =
+      present[kTokenBitmask]
+          ? reinterpret_cast<const uint32_t*>(spec->leases[kTokenBitmask].view().data)
+          : nullptr;
+  spec->processors = present[kProcessors] ? spec->leases[kProcessors].view().data : nullptr;
+  spec->logit_bias_capacity = open.logit_bias_capacity;
+  spec->token_history_capacity = open.token_history_capacity;
   return absl::OkStatus();
 }
 
@@ -296,8 +346,9 @@ absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndC
     session->control = spec.control;
     session->on_end = std::move(on_end);
     if (open.unregister_regions_on_end) {
-      for (const SessionSlice* slice : {&open.control, &open.logits, &open.params, &open.token_ids,
-                                        &open.row_status, &open.sampled_logprobs}) {
+      for (const SessionSlice* slice :
+           {&open.control, &open.logits, &open.params, &open.token_ids, &open.row_status,
+            &open.sampled_logprobs, &open.token_bitmask, &open.processors}) {
         if (!slice->region.empty()) session->owned_regions.push_back(slice->region);
       }
     }

@@ -51,9 +51,13 @@ struct SessionOpen {
   SessionSlice params;
   SessionSlice token_ids;
   SessionSlice row_status;
-  SessionSlice sampled_logprobs;  // optional
-  int32_t logprob_source = 0;     // LogprobSource: 0 or 1 raw, 2 processed
-  int32_t plane = 0;              // DevicePlane: 0 from the regions, 1 GPU, 2 host
+  SessionSlice sampled_logprobs;        // optional
+  SessionSlice token_bitmask;           // optional
+  SessionSlice processors;              // optional
+  uint32_t logit_bias_capacity = 0;     // NB: 0 without processors
+  uint32_t token_history_capacity = 0;  // NH: 0 without processors
+  int32_t logprob_source = 0;           // LogprobSource: 0 or 1 raw, 2 processed
+  int32_t plane = 0;                    // DevicePlane: 0 from the regions, 1 GPU, 2 host
   // Unregister the named regions when the session ends (whatever ends it).
   bool unregister_regions_on_end = false;
 };

@@ -36,10 +36,15 @@ struct SessionSpec {
   int32_t* token_ids = nullptr;
   int32_t* row_status = nullptr;
   float* sampled_logprobs = nullptr;  // null: none
+  // The optional logits processors (device_session.h): null when the session has none.
+  const uint32_t* token_bitmask = nullptr;  // [max_batch, ceil(vocab / 32)]
+  const uint8_t* processors = nullptr;      // samplerd_processors_bytes(max_batch, NB, NH)
+  uint32_t logit_bias_capacity = 0;         // NB
+  uint32_t token_history_capacity = 0;      // NH
 
   // Keep the regions mapped while the session lives (control, logits, params, token_ids,
-  // row_status, sampled_logprobs; the last may be empty).
-  RegionLease leases[6];
+  // row_status, sampled_logprobs, token_bitmask, processors; the optional ones may be empty).
+  RegionLease leases[8];
 };
 
 }  // namespace samplerd::core
