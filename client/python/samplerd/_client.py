@@ -265,7 +265,10 @@ class Client:
         ``plane``: "auto", "host" or "gpu"; ``logprobs``: False, True / "raw", "processed".
         Keywords: ``host_plane_max_batch`` (auto: B up to it on the host plane), ``step_timeout``
         and ``close_timeout`` (seconds), ``spin_s`` (numpy sessions: how long to spin on `done`
-        before sleeping; default 1 ms, 0 with fewer than 4 cores). See
+        before sleeping; default 1 ms, 0 with fewer than 4 cores), ``token_bitmask=True`` (an
+        allowed-token bitmask buffer) and ``processors`` (True, (NB, NH) or {"logit_bias": NB,
+        "token_history": NH}: a buffer for penalties, logit bias and token histories of up to NB
+        and NH entries over all rows; True: 64 and 2048 per row). See
         samplerd/_device_session.py.
 
         Raises:

@@ -62,16 +62,23 @@ import weakref
 from typing import Any, Dict, Optional, Tuple
 
 import grpc
+import numpy as np
 
 from . import _session_layout as lay
 from ._errors import SamplerError
 from ._session_gpu import _TorchGpuPlane
 from ._session_host import _NumpyHostPlane, _TorchHostPlane
+from . import _session_processors as _procs
+from ._encoding import _is_torch_tensor
+from ._processors import bitmask_array
 from ._session_params import _DTYPES, _LOGPROB_SOURCES, _dtype_name, _top_p_mode
 from ._session_torch import _device_index
 from ._session_watch import _Plane
 
 _PLANES = ("auto", "host", "gpu")
+# The penalties' "off" values: given as such, they need no processors buffer.
+_PENALTY_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
+                     "frequency_penalty": 0.0}
 
 
 class DeviceSession:
@@ -91,7 +98,8 @@ class DeviceSession:
 
     def __init__(self, client: Any, max_batch: int = 128, vocab: int = 151936,
                  dtype: Any = "float32", plane: str = "auto", logprobs: Any = False,
-                 device: Any = None, *, host_plane_max_batch: Optional[int] = None,
+                 device: Any = None, *, token_bitmask: bool = False, processors: Any = False,
+                 host_plane_max_batch: Optional[int] = None,
                  step_timeout: float = 60.0, close_timeout: float = 5.0,
                  spin_s: Optional[float] = None) -> None:
         if plane not in _PLANES:
@@ -115,7 +123,11 @@ class DeviceSession:
         self._host: Optional[_Plane] = None
         self._gpu: Optional[_TorchGpuPlane] = None
         self._staging: Any = None
-        layout = lay.Layout.of(self.max_batch, self.vocab, _DTYPES[dtype][1], bool(source))
+        layout = lay.Layout.of(self.max_batch, self.vocab, _DTYPES[dtype][1], bool(source),
+                               bitmask=bool(token_bitmask),
+                               capacities=_procs.capacities(processors, self.max_batch,
+                                                            self.vocab))
+        self.layout = layout
         self.torch_session = device is not None or plane == "gpu"
         support = client._cached_server_info().device_sessions
         try:
@@ -209,15 +221,77 @@ class DeviceSession:
             if p is not None:
                 p.check()
 
+    def pack_processors(self, batch: int, logit_bias: Any = None,
+                        repetition_penalty: Any = 1.0, presence_penalty: Any = 0.0,
+                        frequency_penalty: Any = 0.0, prompt_token_ids: Any = None,
+                        output_token_ids: Any = None) -> Any:
+        """The bytes of the session's processors buffer (numpy uint8) for rows [0, batch), from
+        the same arguments as sample() takes: copy them into a CUDA uint8 tensor of fixed shape
+        and pass it as ``sample(..., processors=tensor)`` to change them between replays of a
+        captured graph. Raises ValueError for lists over the session's capacities."""
+        return _procs.pack(self.layout, batch, logit_bias, repetition_penalty, presence_penalty,
+                           frequency_penalty, prompt_token_ids, output_token_ids)
+
+    def _processors(self, batch: int, token_bitmask: Any, processors: Any,
+                    lists: Dict[str, Any]) -> Dict[str, Any]:
+        """The step's bitmask (None: all allowed) and processors bytes, checked against the
+        buffers the session was opened with."""
+        given = {k for k, v in lists.items() if v is not None and not (
+            k in _PENALTY_DEFAULTS and not _is_torch_tensor(v) and np.ndim(v) == 0
+            and float(v) == _PENALTY_DEFAULTS[k])}
+        out: Dict[str, Any] = {"token_bitmask": None, "processors": None}
+        if token_bitmask is not None:
+            if self.layout.token_bitmask is None:
+                raise ValueError("token_bitmask: expected a session opened with "
+                                 "token_bitmask=True, got one without a bitmask buffer")
+            if _is_torch_tensor(token_bitmask) and token_bitmask.is_cuda:
+                out["token_bitmask"] = token_bitmask  # checked by the torch plane
+            else:
+                out["token_bitmask"] = bitmask_array(token_bitmask, batch, self.vocab).reshape(
+                    batch, -1)
+        if self.layout.processors is None:
+            if processors is not None or given:
+                raise ValueError(f"{', '.join(sorted(given)) or 'processors'}: expected a session "
+                                 "opened with processors=..., got one without a processors "
+                                 "buffer")
+            return out
+        if processors is not None:
+            if given:
+                raise ValueError(f"processors: expected either a packed buffer or "
+                                 f"{', '.join(sorted(given))}, got both")
+            out["processors"] = processors
+        else:
+            out["processors"] = self.pack_processors(batch, **{
+                k: (_PENALTY_DEFAULTS[k] if v is None and k in _PENALTY_DEFAULTS else v)
+                for k, v in lists.items()})
+        return out
+
     def sample(self, logits: Any, temperature: Any = 1.0, top_k: Any = 0, top_p: Any = 1.0,
                min_p: Any = 0.0, seeds: Any = None, positions: Any = None,
-               top_p_mode: Any = "top_k_first") -> Tuple[Any, Any]:
+               top_p_mode: Any = "top_k_first", *, token_bitmask: Any = None,
+               logit_bias: Any = None, repetition_penalty: Any = None,
+               presence_penalty: Any = None, frequency_penalty: Any = None,
+               prompt_token_ids: Any = None, output_token_ids: Any = None,
+               processors: Any = None) -> Tuple[Any, Any]:
         """Samples one token per row of ``logits`` [B, V] (B <= max_batch) in one step.
 
         Each parameter is a scalar or B values (a sequence, numpy array, or for torch sessions a
         CUDA tensor, which a captured graph reads at replay). ``seeds`` and ``positions`` are
         required (there is no server-chosen seed): the Philox key and counter of each row.
         ``top_p_mode``: "top_k_first" (vLLM) or "joint", or per-row TopPMode numbers.
+
+        Logits processors (sessions opened with ``token_bitmask=True`` / ``processors=...``;
+        Client.sample's semantics, applied by the server per row before temperature and the
+        filters: logit bias, penalties, bitmask):
+        ``token_bitmask``: int32 words [B, ceil(V / 32)] (numpy, a bool [B, V] array, or a CUDA
+        int32 tensor for torch sessions, copied on the stream: capturable); None: all allowed.
+        ``logit_bias``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
+        ``prompt_token_ids``, ``output_token_ids``: as Client.sample takes them, packed on the
+        host into the processors buffer (eager only), rows within the session's capacities.
+        ``processors``: instead of those, the packed buffer (pack_processors) as numpy, or as a
+        CUDA uint8 tensor that a captured graph reads at replay. A session with processors
+        writes them every step (unset: none). A row whose processors break the rules
+        (device_session.h) gets status 4; a row with nothing allowed status 5; token -1.
 
         Returns (tokens, row_status), int32 [B]: numpy copies for numpy sessions; CUDA views of
         the session's output buffers for torch sessions (valid until the next sample()). A row
@@ -244,7 +318,11 @@ class DeviceSession:
         params = {"seed": seeds, "position": positions, "temperature": temperature,
                   "top_k": top_k, "top_p": top_p, "min_p": min_p,
                   "top_p_mode": _top_p_mode(top_p_mode)}
-        return plane.sample(logits, batch, params)
+        procs = self._processors(batch, token_bitmask, processors, {
+            "logit_bias": logit_bias, "repetition_penalty": repetition_penalty,
+            "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty,
+            "prompt_token_ids": prompt_token_ids, "output_token_ids": output_token_ids})
+        return plane.sample(logits, batch, params, procs)
 
     def _close_planes(self) -> None:
         steps = None

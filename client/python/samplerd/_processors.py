@@ -55,6 +55,14 @@ def host_bitmask(mask: Any, batch: int, vocab: int) -> Any:
     """
     if isinstance(mask, pb.TokenBitmask):
         return mask
+    words = bitmask_array(mask, batch, vocab)
+    return pb.TokenBitmask(inline_words=words.tobytes())
+
+
+def bitmask_array(mask: Any, batch: int, vocab: int) -> np.ndarray:
+    """``mask`` (a numpy int32 / uint32 array [B, ceil(V / 32)], a bool array [B, V], or a torch
+    int32 tensor) as little-endian words [B, ceil(V / 32)] (or [ceil(V / 32)] when B = 1 and
+    the mask is 1-D). Raises ValueError for another shape or dtype."""
     if _is_torch_tensor(mask):
         import torch  # lazily: a torch tensor means torch is there
 
@@ -70,8 +78,7 @@ def host_bitmask(mask: Any, batch: int, vocab: int) -> Any:
             f"token_bitmask: expected int32 words [B, ceil(V / 32)] or bool [B, V], got {arr.dtype}"
         )
     check_bitmask_shape(arr.shape, batch, vocab)
-    words = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
-    return pb.TokenBitmask(inline_words=words.tobytes())
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
 
 
 def _pack_bool(allowed: np.ndarray, batch: int, vocab: int) -> np.ndarray:

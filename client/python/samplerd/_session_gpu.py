@@ -20,7 +20,8 @@ from ._host_shm import SHM_PREFIX
 from ._pb import pb
 from ._session_params import _DTYPES
 from ._session_shm import _SERIAL, _store_abort
-from ._session_torch import _param_views, _pin, _torch_views, _TorchSteps, _unpin
+from ._session_torch import (_param_views, _pin, _torch_views, _TorchSteps, _unpin,
+                             _write_processors)
 from ._session_watch import _open_message, _Plane
 
 
@@ -116,7 +117,8 @@ class _TorchGpuPlane(_Plane):
         if self.control is not None:
             self.control.abort()  # host memory: plain stores, seen by the engine stream's wait
 
-    def sample(self, logits: Any, batch: int, params: Dict[str, Any]) -> Tuple[Any, Any]:
+    def sample(self, logits: Any, batch: int, params: Dict[str, Any],
+               procs: Dict[str, Any]) -> Tuple[Any, Any]:
         st = self.cuda
         logits = st.check_logits(logits, batch, self.layout.vocab, self.tdtype)
         mine = self.views["logits"]
@@ -124,6 +126,7 @@ class _TorchGpuPlane(_Plane):
             mine[:batch].copy_(logits)
         for name, view in self.fields.items():
             st.fill(view, params[name], name, batch)
+        _write_processors(st.torch, self.views, procs, batch)
         assert self.control is not None
         # The doorbell write is fenced after the logits and params writes above (default flags).
         st.ring_and_wait(st.stream(), self.control.device_address, batch)

@@ -21,7 +21,8 @@ from ._errors import SamplerError
 from ._pb import pb
 from ._session_params import _DTYPES, _FIELDS, _fill_np
 from ._session_shm import _W_BATCH, _W_DONE, _W_DOORBELL, _W_STEP_STATUS, _Atomics, _ShmBuffers
-from ._session_torch import _param_views, _pin, _torch_views, _TorchSteps, _unpin
+from ._session_torch import (_param_views, _pin, _torch_views, _TorchSteps, _unpin,
+                             _write_processors)
 from ._session_watch import _aborted, _open_message, _Plane
 
 #: numpy sessions spin this long on `done` before sleeping _SLEEP_S between polls. Spinning
@@ -56,8 +57,8 @@ class _NumpyHostPlane(_Plane):
         if self.buffers.control is not None:
             self.buffers.abort()
 
-    def sample(self, logits: Any, batch: int,
-               params: Dict[str, Any]) -> Tuple[np.ndarray, np.ndarray]:
+    def sample(self, logits: Any, batch: int, params: Dict[str, Any],
+               procs: Dict[str, Any]) -> Tuple[np.ndarray, np.ndarray]:
         b = self.buffers
         if _is_torch_tensor(logits):
             logits = logits.detach().cpu().numpy()
@@ -75,6 +76,11 @@ class _NumpyHostPlane(_Plane):
             b.logits[:batch] = logits
         for name, _ in _FIELDS:
             _fill_np(b.params[name], params[name], name, batch)
+        if b.token_bitmask is not None:
+            mask = procs.get("token_bitmask")
+            b.token_bitmask[:batch] = -1 if mask is None else np.asarray(mask).reshape(batch, -1)
+        if b.processors is not None:
+            b.processors[:] = np.asarray(procs["processors"]).reshape(-1)
         ctrl = b.control
         # Ordering: the logits and params above are plain stores; batch, then the doorbell, are
         # aligned 4-byte numpy stores issued afterwards by separate interpreter steps. x86 (TSO)
@@ -145,6 +151,17 @@ class _TorchHostPlane(_Plane):
             self.stage_fields = _param_views(torch, self.stage, layout.max_batch)
             self.out_tokens = torch.full((layout.max_batch,), -1, dtype=torch.int32, device=device)
             self.out_status = torch.zeros(layout.max_batch, dtype=torch.int32, device=device)
+            # The step's bitmask and processors are written here on the stream, then copied to
+            # the pinned buffers (host stores would race with the steps still enqueued).
+            self.proc_stage = {}
+            if layout.token_bitmask is not None:
+                self.proc_stage["token_bitmask"] = torch.zeros(
+                    (layout.max_batch, lay.bitmask_words(layout.vocab)), dtype=torch.int32,
+                    device=device)
+            if layout.processors is not None:
+                self.proc_stage["processors"] = torch.zeros(
+                    lay.processors_bytes(layout.max_batch, *layout.capacities),
+                    dtype=torch.uint8, device=device)
             self.out_logprobs = None
             if layout.sampled_logprobs is not None:
                 self.out_logprobs = torch.zeros(layout.max_batch, dtype=torch.float32,
@@ -159,13 +176,21 @@ class _TorchHostPlane(_Plane):
         if self.buffers.control is not None:
             self.buffers.abort()  # host memory: plain stores, seen by the engine stream's wait
 
-    def sample(self, logits: Any, batch: int, params: Dict[str, Any]) -> Tuple[Any, Any]:
+    def sample(self, logits: Any, batch: int, params: Dict[str, Any],
+               procs: Dict[str, Any]) -> Tuple[Any, Any]:
         st = self.cuda
         logits = st.check_logits(logits, batch, self.layout.vocab, self.tdtype)
         self.host["logits"][:batch].copy_(logits, non_blocking=True)
         for name, view in self.stage_fields.items():
             st.fill(view, params[name], name, batch)
         self.host["params"].copy_(self.stage, non_blocking=True)
+        if self.proc_stage:
+            _write_processors(st.torch, self.proc_stage, procs, batch)
+            if "token_bitmask" in self.proc_stage:
+                self.host["token_bitmask"][:batch].copy_(self.proc_stage["token_bitmask"][:batch],
+                                                         non_blocking=True)
+            if "processors" in self.proc_stage:
+                self.host["processors"].copy_(self.proc_stage["processors"], non_blocking=True)
         st.ring_and_wait(st.stream(), self.control_address, batch)
         self.out_tokens[:batch].copy_(self.host["token_ids"][:batch], non_blocking=True)
         self.out_status[:batch].copy_(self.host["row_status"][:batch], non_blocking=True)

@@ -1,8 +1,8 @@
 """Where a device session's buffers lie (proto/samplerd/v1/device_session.h).
 
-The control block is host shm in both planes. The host plane puts all six buffers (control
-block, logits, params, token ids, row statuses, optional sampled logprobs) in one host shm
-object, one region. The GPU plane puts the five data buffers in one CUDA allocation (a GPU IPC
+The control block is host shm in both planes. The host plane puts all buffers (control block,
+logits, params, token ids, row statuses, and the optional sampled logprobs, token bitmask and
+processors) in one host shm object, one region. The GPU plane puts the five data buffers in one CUDA allocation (a GPU IPC
 region) and the control block alone in a one-page host shm object (a second region, at offset
 0). Each buffer starts at a multiple of ``ALIGN`` bytes (more than any alignment the header
 asks for), in this order, with no overlap. The constants mirror the header's; keep them equal.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 # Flag values and step statuses (SAMPLERD_* in device_session.h).
 RING = 1
@@ -22,6 +22,7 @@ STEP_BAD_BATCH = 1
 STEP_ABORTED = 2
 ROW_OK = 1
 ROW_INVALID_PARAMS = 4
+ROW_INVALID_NO_ALLOWED = 5
 
 CONTROL_BYTES = 256
 #: Size of a GPU-plane session's control shm object: one page, so that pinning it
@@ -60,6 +61,31 @@ def params_bytes(max_batch: int) -> int:
     return 36 * max_batch
 
 
+def bitmask_words(vocab: int) -> int:
+    """Words per row of the token_bitmask buffer: ceil(V / 32) (samplerd_bitmask_words)."""
+    return (vocab + 31) // 32
+
+
+def processors_offsets(max_batch: int, nb: int, nh: int) -> dict:
+    """Byte offsets of the processors arrays (samplerd_processors_*_offset) for max_batch M,
+    bias capacity NB and history capacity NH, and their "total" size."""
+    m = max_batch
+    out = {"repetition": 0, "presence": 4 * m, "frequency": 8 * m, "bias_offsets": 12 * m}
+    out["bias_tokens"] = out["bias_offsets"] + 4 * (m + 1)
+    out["biases"] = out["bias_tokens"] + 4 * nb
+    out["history_offsets"] = out["biases"] + 4 * nb
+    out["history_tokens"] = out["history_offsets"] + 4 * (m + 1)
+    out["output_counts"] = out["history_tokens"] + 4 * nh
+    out["in_prompt"] = out["output_counts"] + 4 * nh
+    out["total"] = out["in_prompt"] + nh
+    return out
+
+
+def processors_bytes(max_batch: int, nb: int, nh: int) -> int:
+    """Size of the processors buffer (samplerd_processors_bytes)."""
+    return processors_offsets(max_batch, nb, nh)["total"]
+
+
 def _up(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -78,12 +104,18 @@ class Layout:
     row_status: int
     sampled_logprobs: Optional[int]  # None: no logprobs buffer
     total: int
+    token_bitmask: Optional[int] = None  # None: no bitmask buffer
+    processors: Optional[int] = None  # None: no processors buffer
+    bias_capacity: int = 0  # NB
+    history_capacity: int = 0  # NH
 
     @classmethod
     def of(cls, max_batch: int, vocab: int, itemsize: int, logprobs: bool,
-           control: bool = True) -> "Layout":
+           control: bool = True, bitmask: bool = False,
+           capacities: Optional[Tuple[int, int]] = None) -> "Layout":
         """The layout of one allocation; ``control=False`` leaves the control block out (the
-        GPU plane's data allocation)."""
+        GPU plane's data allocation). ``bitmask`` adds a token_bitmask buffer, ``capacities``
+        (NB, NH) a processors buffer."""
         if max_batch < 1 or vocab < 1:
             raise ValueError(f"expected max_batch >= 1 and vocab >= 1, got {max_batch}, {vocab}")
         at = 0
@@ -97,13 +129,25 @@ class Layout:
         sampled = None
         if logprobs:
             sampled, at = at, _up(at + 4 * max_batch)
+        mask = procs = None
+        if bitmask:
+            mask, at = at, _up(at + 4 * max_batch * bitmask_words(vocab))
+        nb, nh = capacities if capacities is not None else (0, 0)
+        if capacities is not None:
+            procs, at = at, _up(at + processors_bytes(max_batch, nb, nh))
         return cls(max_batch, vocab, itemsize, control_at, logits, params, token_ids, row_status,
-                   sampled, at)
+                   sampled, at, mask, procs, nb, nh)
+
+    @property
+    def capacities(self) -> Optional[Tuple[int, int]]:
+        """(NB, NH) of the processors buffer, or None without one."""
+        return None if self.processors is None else (self.bias_capacity, self.history_capacity)
 
     def without_control(self) -> "Layout":
         """The same buffers in an allocation without the control block."""
         return Layout.of(self.max_batch, self.vocab, self.itemsize,
-                         self.sampled_logprobs is not None, control=False)
+                         self.sampled_logprobs is not None, control=False,
+                         bitmask=self.token_bitmask is not None, capacities=self.capacities)
 
     def slices(self, pb, region: str, control_region: Optional[str] = None):
         """DeviceSessionOpen's RegionSlice fields (a dict) for a region holding this layout;
@@ -119,6 +163,8 @@ class Layout:
                 ("token_ids", self.token_ids),
                 ("row_status", self.row_status),
                 ("sampled_logprobs", self.sampled_logprobs),
+                ("token_bitmask", self.token_bitmask),
+                ("processors", self.processors),
             )
             if offset is not None
         }

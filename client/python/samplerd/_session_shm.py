@@ -96,6 +96,13 @@ class _ShmBuffers:
         if layout.sampled_logprobs is not None:
             at = layout.sampled_logprobs
             self.sampled_logprobs = buf[at:at + 4 * m].view(np.float32)
+        self.token_bitmask = self.processors = None
+        if layout.token_bitmask is not None:
+            at, w = layout.token_bitmask, lay.bitmask_words(v)
+            self.token_bitmask = buf[at:at + 4 * m * w].view(np.int32).reshape(m, w)
+        if layout.processors is not None:
+            at = layout.processors
+            self.processors = buf[at:at + lay.processors_bytes(m, *layout.capacities)]
 
     @property
     def address(self) -> int:
@@ -109,4 +116,5 @@ class _ShmBuffers:
         self.control = self.logits = self.params_bytes = None  # type: ignore[assignment]
         self.params = {}
         self.token_ids = self.row_status = self.sampled_logprobs = None  # type: ignore
+        self.token_bitmask = self.processors = None
         self.region.close()

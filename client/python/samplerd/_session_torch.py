@@ -82,6 +82,38 @@ class _TorchSteps:
         return logits
 
 
+def _write_processors(torch: Any, views: Dict[str, Any], procs: Dict[str, Any],
+                      batch: int) -> None:
+    """Writes a step's token_bitmask rows [0, B) and processors buffer into ``views`` (CUDA
+    tensors), enqueued on the current stream: CUDA tensors by copy_ (capturable), a missing
+    bitmask as all ones (fill_, capturable), numpy bytes by a host-to-device copy (eager only).
+    """
+    if "token_bitmask" in views:
+        dst = views["token_bitmask"][:batch]
+        mask = procs.get("token_bitmask")
+        if mask is None:
+            dst.fill_(-1)
+        elif _is_torch_tensor(mask) and mask.is_cuda:
+            if mask.dtype != torch.int32 or tuple(mask.reshape(batch, -1).shape) != tuple(dst.shape):
+                raise ValueError(f"token_bitmask: expected a CUDA int32 tensor of shape "
+                                 f"{list(dst.shape)}, got {mask.dtype} {list(mask.shape)}")
+            dst.copy_(mask.reshape(batch, -1), non_blocking=True)
+        else:
+            dst.copy_(torch.from_numpy(np.ascontiguousarray(mask).view(np.int32)).reshape(
+                dst.shape))
+    if "processors" in views:
+        packed = procs["processors"]
+        dst = views["processors"]
+        if _is_torch_tensor(packed):
+            if packed.dtype != torch.uint8 or packed.numel() != dst.numel():
+                raise ValueError(f"processors: expected a uint8 tensor of {dst.numel()} bytes "
+                                 f"(session.pack_processors), got {packed.dtype} "
+                                 f"{list(packed.shape)}")
+            dst.copy_(packed.reshape(-1), non_blocking=True)
+        else:
+            dst.copy_(torch.from_numpy(np.ascontiguousarray(packed)))
+
+
 def _torch_views(torch: Any, buf: Any, layout: lay.Layout, dtype: Any) -> Dict[str, Any]:
     """Typed views of one uint8 tensor (CPU or CUDA) laid out as ``layout`` (the data buffers;
     the stream operations address the control block themselves)."""
@@ -95,6 +127,12 @@ def _torch_views(torch: Any, buf: Any, layout: lay.Layout, dtype: Any) -> Dict[s
     if layout.sampled_logprobs is not None:
         at = layout.sampled_logprobs
         views["sampled_logprobs"] = buf[at:at + 4 * m].view(torch.float32)
+    if layout.token_bitmask is not None:
+        at, w = layout.token_bitmask, lay.bitmask_words(v)
+        views["token_bitmask"] = buf[at:at + 4 * m * w].view(torch.int32).view(m, w)
+    if layout.processors is not None:
+        at = layout.processors
+        views["processors"] = buf[at:at + lay.processors_bytes(m, *layout.capacities)]
     return views
 
 

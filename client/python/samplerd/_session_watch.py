@@ -155,4 +155,6 @@ def _open_message(layout: lay.Layout, dtype_enum: int, logprob_source: Optional[
         **layout.slices(pb, region, control_region))
     if logprob_source is not None:
         msg.logprob_source = logprob_source
+    msg.logit_bias_capacity = layout.bias_capacity
+    msg.token_history_capacity = layout.history_capacity
     return msg
