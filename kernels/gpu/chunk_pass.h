@@ -20,8 +20,6 @@
 
 namespace samplerd::kernels::gpu {
 
-inline constexpr int kCandidateCap = 1024;  // candidates a chunk may emit
-
 // Where pass 1 writes (device memory, from the workspace).
 struct ChunkPassParams {
   RowsIn rows;

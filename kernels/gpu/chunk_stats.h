@@ -13,6 +13,7 @@ inline constexpr int kChunkThreads = 256;
 inline constexpr int kItemsPerThread = 32;
 inline constexpr int kChunk = kChunkThreads * kItemsPerThread;  // 8192 tokens
 inline constexpr int kMaxStagedChunks = 512;  // chunks a row may have: V <= 4,194,304
+inline constexpr int kCandidateCap = 1024;    // top-k candidates a chunk may list
 
 // What pass 1 learns about one chunk of one row.
 struct ChunkStats {

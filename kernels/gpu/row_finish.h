@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/gpu/candidate_finish.h"
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/mass_plan.h"
@@ -172,6 +173,7 @@ struct FinishShared {
   uint32_t candidate_offset[kMaxStagedChunks + 1];
   BlockReduce<kFinishThreads>::Storage reduce;
   RowSummary summary;
+  CandidateScratch candidates;  // top-k rows (candidate_finish.h)
 };
 
 // Gumbel-max over the items of `source` with key >= lo: argmax of z + G (or of G alone when

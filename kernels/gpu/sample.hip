@@ -63,113 +63,6 @@ __device__ int64_t FilterAndDraw(const Source& source, const RowParams& params, 
   return GumbelDraw(source, t, /*noise_only=*/false, row_max, params, sh, mass, count);
 }
 
-// The common top-k path: the row's candidates (at most kSortCap) sorted once on chip, then
-// min-p, top-k and top-p are prefixes of that order and the draw runs over the kept prefix.
-__device__ int64_t SortedCandidatesDraw(const RowFinishParams& p, int64_t row,
-                                        const RowParams& params, const RowSummary& summary,
-                                        FinishShared& sh, uint32_t* threshold, uint64_t* mass,
-                                        uint64_t* count) {
-  SelectStorage& s = sh.select;
-  const int total = static_cast<int>(summary.candidate_total);
-  const int64_t base = row * p.rows.chunks * static_cast<int64_t>(kCandidateCap);
-  const float row_max = summary.max_z;
-  const uint32_t min_p_key = params.min_p > 0.0f ? OrderedKey(row_max + logf(params.min_p)) : 0u;
-  // Candidate i lives in the chunk whose offset range holds it; every load is independent.
-  auto candidate = [&](int i, uint32_t* key, int32_t* index) {
-    int lo = 0, hi = p.rows.chunks - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (sh.candidate_offset[mid] <= static_cast<uint32_t>(i))
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int64_t slot = base + lo * static_cast<int64_t>(kCandidateCap) +
-                         (i - static_cast<int>(sh.candidate_offset[lo]));
-    *key = p.candidate_key[slot];
-    *index = p.candidate_index[slot];
-  };
-  // Only the candidates in or above the 1/64-logit bin of the k-th largest need sorting: the
-  // rest cannot survive top-k (sorting all ~4,000 candidates cost ~50 µs a row, NOTES.md v6).
-  auto value_bin = [&](uint32_t key) { return ValueBin(row_max, KeyToFloat(key)); };
-  int floor_bin = -1;  // keep every candidate
-  if (params.top_k > 0) {
-    ClearHistogram<kFinishThreads>(s, kHistBins);
-    for (int i = threadIdx.x; i < total; i += kFinishThreads) {
-      uint32_t key;
-      int32_t index;
-      candidate(i, &key, &index);
-      const int b = value_bin(key);
-      if (key >= min_p_key && b >= 0) atomicAdd(&s.hist.count[b], 1u);
-    }
-    __syncthreads();
-    FindCrossingBin<kFinishThreads>(s, kHistBins, 0, static_cast<double>(params.top_k), false);
-    floor_bin = s.found_bin;  // -1: fewer than k candidates within 32 logits: keep them all
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) s.collected = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < total; i += kFinishThreads) {
-    uint32_t key;
-    int32_t index;
-    candidate(i, &key, &index);
-    if (key < min_p_key || (floor_bin >= 0 && value_bin(key) < floor_bin)) continue;
-    const uint32_t slot = atomicAdd(&s.collected, 1u);
-    s.sort.key[slot] = key;
-    s.sort.index[slot] = index;
-  }
-  __syncthreads();
-  const int n = static_cast<int>(s.collected);
-  __syncthreads();
-  SortDescending<kFinishThreads>(s, n);
-  // min-p keeps a prefix; so does top-k within it (ties with the k-th key included).
-  auto first_below = [&](uint32_t key, int limit) -> int {
-    if (threadIdx.x == 0) s.cut = static_cast<uint32_t>(limit);
-    __syncthreads();
-    for (int i = threadIdx.x; i < limit; i += kFinishThreads) {
-      if (s.sort.key[i] < key && (i == 0 || s.sort.key[i - 1] >= key)) atomicMin(&s.cut, i);
-    }
-    __syncthreads();
-    const int out = static_cast<int>(s.cut);
-    __syncthreads();
-    return out;
-  };
-  int kept = n;  // min-p is already applied: every collected key is >= min_p_key
-  if (params.top_k > 0 && params.top_k < kept)
-    kept = first_below(s.sort.key[params.top_k - 1], kept);
-  if (params.top_p > 0.0f && params.top_p < 1.0f) {
-    double target;
-    if (params.top_p_mode == TopPMode::kJoint) {
-      target =
-          static_cast<double>(params.top_p) * static_cast<double>(summary.sum_exp_z) * kMassScale;
-    } else {
-      uint64_t w = 0;
-      for (int i = threadIdx.x; i < kept; i += kFinishThreads) {
-        w += FixedMass(KeyToFloat(s.sort.key[i]), row_max);
-      }
-      target = static_cast<double>(params.top_p) *
-               static_cast<double>(BlockReduce<kFinishThreads>::SumU64(sh.reduce, w));
-    }
-    kept = static_cast<int>(
-        CutSorted<kFinishThreads>(s, kept, 0, target, /*by_mass=*/true, row_max, sh.reduce));
-  }
-  ArgMaxPair best{-kInfF, INT64_MAX};
-  uint64_t my_mass = 0;
-  for (int i = threadIdx.x; i < kept; i += kFinishThreads) {
-    const int64_t j = s.sort.index[i];
-    const float z = KeyToFloat(s.sort.key[i]);
-    const ArgMaxPair scored{z + GumbelNoise(params.seed, params.position, static_cast<uint64_t>(j)),
-                            j};
-    if (Better(scored, best)) best = scored;
-    my_mass += FixedMass(z, row_max);
-  }
-  *mass = BlockReduce<kFinishThreads>::SumU64(sh.reduce, my_mass);
-  *count = static_cast<uint64_t>(kept);
-  *threshold = s.sort.key[kept - 1];
-  best = BlockReduce<kFinishThreads>::ArgMax(sh.reduce, best);
-  return best.index;
-}
-
 // The raw logits' statistics of a row with logits processors (pass 1 saw the processed ones):
 // max_x, sum_exp_x, pos_inf_x and not_neg_inf_x, from two passes over the row (NaN rows never
 // get here). Costs a re-read of the row, for raw logprobs and the no-allowed status only.
@@ -210,6 +103,31 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     return;
   }
   const ChunkStats* stats = p.stats + row * p.rows.chunks;
+  const uint32_t* candidate_key = p.candidate_key + row * p.rows.chunks * kCandidateCap;
+  const int32_t* candidate_index = p.candidate_index + row * p.rows.chunks * kCandidateCap;
+  if (p.top_logprobs < 0 && UsesCandidates(params, p.rows.vocab)) {
+    // The common top-k row, on the short path (candidate_finish.h): most of the general
+    // finish below is a chain of serial steps and barriers that these rows do not need (v14).
+    const bool joint = TopPActive(params) && params.top_p_mode == TopPMode::kJoint;
+    CandidateRowSummary(stats, p.rows.chunks, joint, sh.candidate_offset, sh.candidates);
+    const CandidatePath path = sh.candidates.path;
+    if (path != CandidatePath::kGeneral) {
+      int64_t token = sh.candidates.drawn;  // kTied
+      if (path == CandidatePath::kList) {
+        token =
+            CandidatesDraw<kFinishThreads>(candidate_key, candidate_index, sh.candidate_offset,
+                                           p.rows.chunks, static_cast<int>(sh.candidates.total),
+                                           sh.candidates.max_z, sh.candidates.sum_exp_z, params,
+                                           /*want_mass=*/false, sh.candidates, sh.select, sh.reduce)
+                .token;
+      }
+      if (threadIdx.x == 0) {
+        p.token_ids[row] = static_cast<int32_t>(token);
+        p.status[row] = RowStatus::kOk;
+      }
+      return;
+    }
+  }
   for (int c = threadIdx.x; c < p.rows.chunks; c += kFinishThreads) sh.staged[c] = stats[c];
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -259,9 +177,7 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   // The processed x (the rows of step 4's limit). Made where it is used: a RowSource kept live
   // across the whole finish spilled registers, and cost greedy rows ~1 µs (v11).
   auto x_source = [&] { return RowSource<kDType>{row_ptr, p.rows.vocab, 1.0f, p.rows.procs, row}; };
-  const CandidateSource candidates{p.candidate_key + row * p.rows.chunks * kCandidateCap,
-                                   p.candidate_index + row * p.rows.chunks * kCandidateCap, stats,
-                                   p.rows.chunks};
+  const CandidateSource candidates{candidate_key, candidate_index, stats, p.rows.chunks};
   const bool use_candidates = UsesCandidates(params, p.rows.vocab) && summary.candidates_ok;
   const bool processed_logprobs =
       p.top_logprobs >= 0 && p.logprob_source == LogprobSource::kProcessed;
@@ -282,7 +198,14 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   } else if (summary.tied && !processed_logprobs) {
     token = summary.drawn.index;  // every finite z ties at the max: every filter keeps them all
   } else if (use_candidates && summary.candidate_total <= static_cast<uint32_t>(kSortCap)) {
-    token = SortedCandidatesDraw(p, row, params, summary, sh, &threshold, &mass, &count);
+    const CandidateDraw draw = CandidatesDraw<kFinishThreads>(
+        candidate_key, candidate_index, sh.candidate_offset, p.rows.chunks,
+        static_cast<int>(summary.candidate_total), summary.max_z, summary.sum_exp_z, params,
+        /*want_mass=*/true, sh.candidates, sh.select, sh.reduce);
+    token = draw.token;
+    threshold = draw.threshold;
+    mass = draw.mass;
+    count = draw.count;
   } else if (use_candidates) {
     token = FilterAndDraw(candidates, params, p.rows.vocab, summary, sh, &threshold, &mass, &count);
   } else {

@@ -45,6 +45,11 @@ const Setting kSettings[] = {
     {"top_p_0.1", Params(1.0f, 0, 0.1f, 0.0f)},
     {"joint_top_p_0.7", Params(1.3f, 0, 0.7f, 0.0f, TopPMode::kJoint)},
     {"combined", Params(0.7f, 40, 0.8f, 0.05f)},
+    // The candidate finish's other branches (candidate_finish.h): more than kRankSortCap items
+    // to sort (bitonic), nearly that many (by rank), and min-p leaving fewer than k.
+    {"top_k_256", Params(1.0f, 256, 1.0f, 0.0f)},
+    {"top_k_200_top_p_0.95", Params(0.8f, 200, 0.95f, 0.0f)},
+    {"min_p_0.2_top_k_100", Params(1.0f, 100, 1.0f, 0.2f)},
 };
 
 struct Shape {
