@@ -33,13 +33,22 @@ struct SessionStepArgs {
   int32_t* row_status = nullptr;      // [M], sampler.proto RowStatus numbers
   float* sampled_logprobs = nullptr;  // [M] or null: none
   LogprobSource logprob_source = LogprobSource::kRaw;
+  // The optional logits processors (device_session.h): the allowed-token bitmask
+  // [M, ceil(vocab / 32)], and the processors buffer samplerd_processors_bytes(M, NB, NH) with
+  // its capacities. Null: none.
+  const uint32_t* token_bitmask = nullptr;
+  const uint8_t* processors = nullptr;
+  uint32_t logit_bias_capacity = 0;     // NB
+  uint32_t token_history_capacity = 0;  // NH
   // A server-private device word: nonzero aborts every step that has not started (the step
   // writes step_status ABORTED, samples nothing and leaves the outputs alone).
   const uint32_t* abort = nullptr;
 };
 
-// Device workspace bytes that SessionStep needs for a session of this shape.
-size_t SessionStepWorkspaceBytes(uint32_t max_batch, int64_t vocab, bool sampled_logprobs);
+// Device workspace bytes that SessionStep needs for a session of this shape; `adjusts` is
+// NB + NH of a session with a processors buffer (-1: none).
+size_t SessionStepWorkspaceBytes(uint32_t max_batch, int64_t vocab, bool sampled_logprobs,
+                                 int64_t adjusts = -1);
 
 // Enqueues one step on `stream`:
 //   1. a prepare kernel reads control.batch B and *abort; the step's batch is B when
@@ -47,10 +56,15 @@ size_t SessionStepWorkspaceBytes(uint32_t max_batch, int64_t vocab, bool sampled
 //      or ABORTED); validates rows [0, B) as the server does for SampleRequest (temperature
 //      NaN, < 0 or +inf; top_k < -1; top_p NaN, <= 0 or > 1; min_p NaN, < 0 or > 1; top_p_mode
 //      not 0, 1 or 2) into workspace RowParams (invalid rows get greedy parameters);
-//   2. Sample over max_batch rows with device_batch = the step's batch;
+//   1b. with a processors buffer, a processors kernel (1 block) checks each valid row's
+//      processors (kernels/common/session_processors.h; a bad row becomes invalid) and merges
+//      its entries into the workspace's TokenAdjust list with offsets for all max_batch rows
+//      (rows past B and invalid rows empty);
+//   2. Sample over max_batch rows with device_batch = the step's batch, the bitmask and the
+//      merged adjusts;
 //   3. a finish kernel writes row_status (1 OK, 2 NaN, 3 no finite logit, 4 invalid
-//      parameters), token -1 and logprob -inf for invalid rows, and increments
-//      control.steps_done unless the step was aborted.
+//      parameters or processors, 5 nothing allowed), token -1 and logprob -inf for invalid rows,
+//      and increments control.steps_done unless the step was aborted.
 // Nothing waits on or writes the doorbell or done. `workspace` holds
 // SessionStepWorkspaceBytes(...) device bytes used by one step at a time on this stream.
 // Returns 0, or the runtime's error code (invalid arguments: the runtime's invalid-value code).

@@ -1,6 +1,8 @@
 // SessionStep (session_step.h): one device-session step as three launches on the caller's
-// stream, SessionPrepareKernel -> Sample (sample.hip) -> SessionFinishKernel, so that the
-// engine's step costs no host work in samplerd.
+// stream, SessionPrepareKernel -> Sample (sample.hip) -> SessionFinishKernel (four with a
+// processors buffer: SessionProcessorsKernel after the prepare), so that the engine's step
+// costs no host work in samplerd.
+#include "kernels/common/session_processors.h"
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/platform.h"
 #include "kernels/gpu/session_step.h"
@@ -24,6 +26,9 @@ struct StepBuffers {
   RowParams* row_params;  // [max_batch]
   uint32_t* valid;        // [max_batch]: 1 when the row's parameters passed validation
   RowStatus* status;      // [max_batch]: Sample's row status
+  uint32_t* counts;       // [max_batch]: merged entries per row (processors only)
+  uint32_t* offsets;      // [max_batch + 1]: SampleArgs::adjust_offsets (processors only)
+  TokenAdjust* adjusts;   // [NB + NH]: SampleArgs::adjusts (processors only)
   void* sample_workspace;
   size_t sample_workspace_bytes;
 };
@@ -127,6 +132,92 @@ __global__ void __launch_bounds__(kStepThreads) SessionPrepareKernel(StepParams 
   }
 }
 
+// What SessionProcessorsKernel reads and writes.
+struct ProcessorsStep {
+  SessionProcessors procs;  // the engine's buffer, resolved on the host
+  uint32_t max_batch;
+  int64_t vocab;
+  const StepWords* words;
+  RowParams* row_params;
+  uint32_t* valid;
+  uint32_t* counts;
+  uint32_t* offsets;
+  TokenAdjust* adjusts;
+};
+
+__device__ __forceinline__ void RejectRow(const ProcessorsStep& p, uint32_t row) {
+  p.valid[row] = 0u;
+  p.row_params[row].temperature = 0.0f;  // greedy: the cheapest row, its output is overwritten
+}
+
+// Launch: 1 block of kStepThreads, after SessionPrepareKernel (sessions with a processors
+// buffer). 1. A thread per row checks each valid row's processors (a bad row becomes invalid)
+// and counts its merged entries. 2. The offsets over all max_batch rows (rows past the batch
+// and invalid rows empty): a block scan, or, when the rows' entries overrun NB + NH (ranges
+// that overlap next to a row with decreasing offsets), a serial pass by thread 0 that rejects
+// the rows that do not fit, in row order, as the host plane does (SessionEntriesFit). 3. A
+// thread per row writes its entries. A row's work is sequential over its entries.
+__global__ void __launch_bounds__(kStepThreads) SessionProcessorsKernel(ProcessorsStep p) {
+  const uint32_t b = p.words->batch;
+  for (uint32_t row = threadIdx.x; row < p.max_batch; row += kStepThreads) {
+    uint32_t n = 0;
+    if (row < b && p.valid[row] != 0) {
+      if (SessionRowValid(p.procs, row, p.vocab)) {
+        n = MergeSessionRow(p.procs, row, nullptr);
+      } else {
+        RejectRow(p, row);
+      }
+    }
+    p.counts[row] = n;
+  }
+  __syncthreads();
+
+  __shared__ uint64_t scan[kStepThreads];
+  __shared__ uint64_t carry;
+  if (threadIdx.x == 0) {
+    carry = 0;
+    p.offsets[0] = 0;
+  }
+  const uint64_t capacity = uint64_t{p.procs.bias_capacity} + p.procs.history_capacity;
+  for (uint32_t base = 0; base < p.max_batch; base += kStepThreads) {
+    const uint32_t row = base + threadIdx.x;
+    scan[threadIdx.x] = row < p.max_batch ? p.counts[row] : 0;
+    __syncthreads();
+    for (int d = 1; d < kStepThreads; d <<= 1) {
+      const uint64_t add = threadIdx.x >= static_cast<unsigned>(d) ? scan[threadIdx.x - d] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
+    }
+    const uint64_t end = carry + scan[threadIdx.x];
+    if (row < p.max_batch && end <= capacity) p.offsets[row + 1] = static_cast<uint32_t>(end);
+    __syncthreads();
+    if (threadIdx.x == kStepThreads - 1) carry = end;
+    __syncthreads();
+  }
+  if (carry > capacity) {
+    if (threadIdx.x == 0) {
+      uint64_t total = 0;
+      for (uint32_t row = 0; row < p.max_batch; ++row) {
+        uint32_t n = p.counts[row];
+        if (n != 0 && !SessionEntriesFit(total, n, p.procs)) {
+          RejectRow(p, row);
+          n = 0;
+        }
+        total += n;
+        p.offsets[row + 1] = static_cast<uint32_t>(total);
+      }
+    }
+    __syncthreads();
+  }
+
+  for (uint32_t row = threadIdx.x; row < b; row += kStepThreads) {
+    if (p.valid[row] != 0 && p.offsets[row + 1] != p.offsets[row]) {
+      MergeSessionRow(p.procs, row, p.adjusts + p.offsets[row]);
+    }
+  }
+}
+
 __device__ __forceinline__ int32_t ProtoRowStatus(RowStatus status) {
   switch (status) {
     case RowStatus::kOk:
@@ -167,8 +258,9 @@ size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 int32_t TopLogprobs(bool sampled_logprobs) { return sampled_logprobs ? 0 : -1; }
 
-// Carves `workspace` as SessionStepWorkspaceBytes lays it out.
-StepBuffers Carve(void* workspace, uint32_t m, int64_t vocab, bool sampled_logprobs) {
+// Carves `workspace` as SessionStepWorkspaceBytes lays it out (`adjusts` < 0: no processors).
+StepBuffers Carve(void* workspace, uint32_t m, int64_t vocab, bool sampled_logprobs,
+                  int64_t adjusts) {
   StepBuffers out;
   char* ws = static_cast<char*>(workspace);
   out.words = reinterpret_cast<StepWords*>(ws);
@@ -179,6 +271,17 @@ StepBuffers Carve(void* workspace, uint32_t m, int64_t vocab, bool sampled_logpr
   ws += AlignUp(m * sizeof(uint32_t));
   out.status = reinterpret_cast<RowStatus*>(ws);
   ws += AlignUp(m * sizeof(RowStatus));
+  out.counts = nullptr;
+  out.offsets = nullptr;
+  out.adjusts = nullptr;
+  if (adjusts >= 0) {
+    out.counts = reinterpret_cast<uint32_t*>(ws);
+    ws += AlignUp(m * sizeof(uint32_t));
+    out.offsets = reinterpret_cast<uint32_t*>(ws);
+    ws += AlignUp((m + 1ull) * sizeof(uint32_t));
+    out.adjusts = reinterpret_cast<TokenAdjust*>(ws);
+    ws += AlignUp(static_cast<size_t>(adjusts) * sizeof(TokenAdjust));
+  }
   out.sample_workspace = ws;
   out.sample_workspace_bytes = SampleWorkspaceBytes(m, vocab, TopLogprobs(sampled_logprobs));
   return out;
@@ -186,22 +289,33 @@ StepBuffers Carve(void* workspace, uint32_t m, int64_t vocab, bool sampled_logpr
 
 }  // namespace
 
-size_t SessionStepWorkspaceBytes(uint32_t max_batch, int64_t vocab, bool sampled_logprobs) {
+size_t SessionStepWorkspaceBytes(uint32_t max_batch, int64_t vocab, bool sampled_logprobs,
+                                 int64_t adjusts) {
+  size_t processors = 0;
+  if (adjusts >= 0) {
+    processors = AlignUp(max_batch * sizeof(uint32_t)) +
+                 AlignUp((max_batch + 1ull) * sizeof(uint32_t)) +
+                 AlignUp(static_cast<size_t>(adjusts) * sizeof(TokenAdjust));
+  }
   return AlignUp(sizeof(StepWords)) + AlignUp(max_batch * sizeof(RowParams)) +
          AlignUp(max_batch * sizeof(uint32_t)) + AlignUp(max_batch * sizeof(RowStatus)) +
-         SampleWorkspaceBytes(max_batch, vocab, TopLogprobs(sampled_logprobs));
+         processors + SampleWorkspaceBytes(max_batch, vocab, TopLogprobs(sampled_logprobs));
 }
 
 int SessionStep(const SessionStepArgs& args, void* workspace, size_t workspace_bytes,
                 Stream stream) {
   const bool logprobs = args.sampled_logprobs != nullptr;
+  const int64_t adjusts =
+      args.processors == nullptr
+          ? -1
+          : static_cast<int64_t>(args.logit_bias_capacity) + args.token_history_capacity;
   if (args.control == nullptr || args.params == nullptr || args.logits == nullptr ||
       args.token_ids == nullptr || args.row_status == nullptr || args.max_batch == 0 ||
-      args.max_batch > 65535 || workspace == nullptr ||
-      workspace_bytes < SessionStepWorkspaceBytes(args.max_batch, args.vocab, logprobs)) {
+      args.max_batch > 65535 || workspace == nullptr || adjusts > INT32_MAX ||
+      workspace_bytes < SessionStepWorkspaceBytes(args.max_batch, args.vocab, logprobs, adjusts)) {
     return static_cast<int>(hipErrorInvalidValue);
   }
-  const StepBuffers buffers = Carve(workspace, args.max_batch, args.vocab, logprobs);
+  const StepBuffers buffers = Carve(workspace, args.max_batch, args.vocab, logprobs, adjusts);
   const StepParams step{args.control,
                         args.max_batch,
                         ResolveParams(args.params, args.max_batch),
@@ -217,6 +331,22 @@ int SessionStep(const SessionStepArgs& args, void* workspace, size_t workspace_b
   SessionPrepareKernel<<<1, kStepThreads, 0, s>>>(step);
   hipError_t status = hipGetLastError();
   if (status != hipSuccess) return static_cast<int>(status);
+  if (args.processors != nullptr) {
+    const ProcessorsStep procs{
+        ResolveSessionProcessors(args.processors, args.max_batch, args.logit_bias_capacity,
+                                 args.token_history_capacity),
+        args.max_batch,
+        args.vocab,
+        buffers.words,
+        buffers.row_params,
+        buffers.valid,
+        buffers.counts,
+        buffers.offsets,
+        buffers.adjusts};
+    SessionProcessorsKernel<<<1, kStepThreads, 0, s>>>(procs);
+    status = hipGetLastError();
+    if (status != hipSuccess) return static_cast<int>(status);
+  }
 
   SampleArgs sample;
   sample.logits = args.logits;
@@ -232,6 +362,14 @@ int SessionStep(const SessionStepArgs& args, void* workspace, size_t workspace_b
   sample.status = buffers.status;
   sample.sampled_logprob = args.sampled_logprobs;
   sample.device_batch = &buffers.words->batch;
+  if (args.token_bitmask != nullptr) {
+    sample.allowed_bitmask = args.token_bitmask;
+    sample.bitmask_words = (args.vocab + 31) / 32;
+  }
+  if (args.processors != nullptr) {
+    sample.adjusts = buffers.adjusts;
+    sample.adjust_offsets = buffers.offsets;
+  }
   const int sampled =
       Sample(sample, buffers.sample_workspace, buffers.sample_workspace_bytes, stream);
   if (sampled != 0) return sampled;

@@ -276,6 +276,9 @@ std::optional<StatusCode> ShapeError(const v1::DeviceSessionOpen& open) {
     if (capacity != 0 && open.processors().region().empty()) return StatusCode::kInvalidArgument;
     if (capacity > max_entries) return StatusCode::kInvalidArgument;
   }
+  if (uint64_t{open.logit_bias_capacity()} + open.token_history_capacity() > INT32_MAX) {
+    return StatusCode::kInvalidArgument;
+  }
   if (open.plane() == v1::DEVICE_PLANE_GPU) return StatusCode::kFailedPrecondition;  // CPU server
   for (const v1::RegionSlice* s :
        {&open.control(), &open.logits(), &open.params(), &open.token_ids(), &open.row_status()}) {

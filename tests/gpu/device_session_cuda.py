@@ -16,6 +16,11 @@ mismatch is printed). Checks, each printed PASS/FAIL:
   invalid      per plane: an invalid parameter row mid-batch: status 4, token -1, neighbours
                equal to unary
   concurrent   per plane: two sessions stepped from two threads (own streams) at once
+  processors   per plane: a session with a token bitmask and a processors buffer (logit bias,
+               penalties, token histories): eager steps and a CUDA graph per B (bitmask and
+               packed processors as fixed CUDA tensors), tokens and statuses equal to unary with
+               the same processors; masked rows keep allowed tokens, empty masks give status 5;
+               a bad processor row (each rule) gets status 4, its neighbours equal to unary
   engine_kill  per plane: an engine process SIGKILLed while its stream waits mid-session: the
                server stays SERVING (grpc.health.v1), open_sessions returns to 0 within 2 s, the
                server's GPU memory (nvidia-smi) returns to its baseline, a new session works
@@ -45,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling mo
 from session_checks_bench import check_bench  # noqa: E402
 from session_checks_correctness import (check_auto, check_closed, check_concurrent,  # noqa: E402
                                         check_eager, check_graph, check_invalid)
+from session_checks_processors import check_processors  # noqa: E402
 from session_checks_kill import (check_engine_kill, check_server_kill, engine_child,  # noqa: E402
                                  server_kill_child)
 from session_common import CHECKS, DEADLINE, PLANES, RESULTS, check, guarded  # noqa: E402
@@ -138,6 +144,8 @@ def main():
             guarded("invalid %s" % plane, check_invalid, client, args, plane, device)
         if "concurrent" in checks:
             guarded("concurrent %s" % plane, check_concurrent, client, args, plane, device)
+        if "processors" in checks:
+            guarded("processors %s" % plane, check_processors, client, args, plane, device)
     for plane in args.planes:
         if "engine_kill" in checks:
             guarded("engine_kill %s" % plane, check_engine_kill, client, args, plane, device)

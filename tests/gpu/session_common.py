@@ -14,8 +14,8 @@ import torch
 VOCAB = 151936
 MAX_BATCH = 64
 PLANES = ("gpu", "host")
-CHECKS = ("eager", "auto", "closed", "graph", "invalid", "concurrent", "engine_kill",
-          "server_kill", "bench")
+CHECKS = ("eager", "auto", "closed", "graph", "invalid", "concurrent", "processors",
+          "engine_kill", "server_kill", "bench")
 RESULTS = []  # (name, passed, detail)
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEADLINE = [float("inf")]  # time.monotonic() by which the run must end (--deadline)

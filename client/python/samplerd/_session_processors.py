@@ -107,33 +107,26 @@ def pack(layout: lay.Layout, batch: int, logit_bias: Any = None, repetition_pena
     view("presence", "<f4", m)[:batch] = _per_row(presence_penalty, "presence_penalty", batch)
     view("frequency", "<f4", m)[:batch] = _per_row(frequency_penalty, "frequency_penalty", batch)
 
-    bias = _bias_rows(logit_bias, batch)
-    counts = np.asarray([len(t) for t, _ in bias], np.int64)
-    if counts.sum() > nb:
-        raise ValueError(f"logit_bias: expected at most {nb} entries (the session's "
-                         f"logit_bias capacity), got {int(counts.sum())}")
-    offsets = view("bias_offsets", "<u4", m + 1)
-    offsets[1:batch + 1] = np.cumsum(counts)
-    offsets[batch + 1:] = offsets[batch]
-    if counts.sum():
+    def lists(prefix: str, rows: list, fields: Tuple[Tuple[str, str], ...], capacity: int,
+              what: str) -> None:
+        """Row offsets and the concatenated fields of B rows of parallel arrays."""
+        counts = np.asarray([len(row[0]) for row in rows], np.int64)
         n = int(counts.sum())
-        view("bias_tokens", "<i4", nb)[:n] = np.concatenate([t for t, _ in bias])
-        view("biases", "<f4", nb)[:n] = np.concatenate([b for _, b in bias])
+        if n > capacity:
+            raise ValueError(f"{what}: expected at most {capacity} entries over all rows (the "
+                             f"session's capacity), got {n}")
+        offsets = view(prefix + "_offsets", "<u4", m + 1)
+        offsets[1:batch + 1] = np.cumsum(counts)
+        offsets[batch + 1:] = offsets[batch]
+        for i, (name, dtype) in enumerate(fields):
+            if n:
+                view(name, dtype, capacity)[:n] = np.concatenate([row[i] for row in rows])
 
+    lists("bias", _bias_rows(logit_bias, batch), (("bias_tokens", "<i4"), ("biases", "<f4")),
+          nb, "logit_bias")
     prompts = _rows("prompt_token_ids", prompt_token_ids, batch)
     outputs = _rows("output_token_ids", output_token_ids, batch)
-    entries = [history_entries(p, o) for p, o in zip(prompts, outputs)]
-    counts = np.asarray([len(t) for t, _, _ in entries], np.int64)
-    if counts.sum() > nh:
-        raise ValueError(f"prompt_token_ids, output_token_ids: expected at most {nh} distinct "
-                         "tokens over all rows (the session's token_history capacity), got "
-                         f"{int(counts.sum())}")
-    offsets = view("history_offsets", "<u4", m + 1)
-    offsets[1:batch + 1] = np.cumsum(counts)
-    offsets[batch + 1:] = offsets[batch]
-    if counts.sum():
-        n = int(counts.sum())
-        view("history_tokens", "<i4", nh)[:n] = np.concatenate([t for t, _, _ in entries])
-        view("output_counts", "<u4", nh)[:n] = np.concatenate([c for _, c, _ in entries])
-        buf[at["in_prompt"]:at["in_prompt"] + n] = np.concatenate([p for _, _, p in entries])
+    lists("history", [history_entries(p, o) for p, o in zip(prompts, outputs)],
+          (("history_tokens", "<i4"), ("output_counts", "<u4"), ("in_prompt", "u1")), nh,
+          "prompt_token_ids, output_token_ids (distinct tokens per row)")
     return buf

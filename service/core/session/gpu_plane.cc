@@ -196,9 +196,16 @@ class GpuPlaneRunner final : public PlaneRunner {
     args_.row_status = spec_.row_status;
     args_.sampled_logprobs = spec_.sampled_logprobs;
     args_.logprob_source = spec_.logprob_source;
+    args_.token_bitmask = spec_.token_bitmask;
+    args_.processors = spec_.processors;
+    args_.logit_bias_capacity = spec_.logit_bias_capacity;
+    args_.token_history_capacity = spec_.token_history_capacity;
     args_.abort = nullptr;  // Stop() never leaves steps enqueued
-    workspace_bytes_ = gpu::SessionStepWorkspaceBytes(spec_.max_batch, spec_.vocab,
-                                                      spec_.sampled_logprobs != nullptr);
+    workspace_bytes_ = gpu::SessionStepWorkspaceBytes(
+        spec_.max_batch, spec_.vocab, spec_.sampled_logprobs != nullptr,
+        spec_.processors == nullptr
+            ? -1
+            : int64_t{spec_.logit_bias_capacity} + spec_.token_history_capacity);
     const int code = gpu::DeviceMalloc(&workspace_, workspace_bytes_);
     if (code != 0) {
       workspace_ = nullptr;

@@ -147,6 +147,14 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
                      absl::StrCat(capacity));
     }
   }
+  // The merged entries of a step are indexed with 32 bits (SampleArgs::adjust_offsets).
+  const uint64_t entries = uint64_t{open.logit_bias_capacity} + open.token_history_capacity;
+  if (entries > INT32_MAX) {
+    return Invalid(absl::StrCat("DeviceSessionOpen.logit_bias_capacity + "
+                                "token_history_capacity <= ",
+                                INT32_MAX),
+                   absl::StrCat(entries));
+  }
   const bool gpu_served = backend_ == BackendKind::kGpu && device_.ipc_memory;
   if (open.plane == 1 && !gpu_served) {
     return absl::FailedPreconditionError(absl::StrCat(
