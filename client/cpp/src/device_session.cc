@@ -35,6 +35,10 @@ uint64_t LogitsBytes(const DeviceSessionOptions& o) {
   return uint64_t{o.max_batch} * stride * ElementBytes(o.dtype);
 }
 
+uint64_t ProcessorsBytes(const DeviceSessionOptions& o) {
+  return samplerd_processors_bytes(o.max_batch, o.logit_bias_capacity, o.token_history_capacity);
+}
+
 std::string NextName() {
   static std::atomic<int> counter{0};
   return "ds-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
@@ -93,6 +97,14 @@ DeviceSessionLayout ComputeDeviceSessionLayout(const DeviceSessionOptions& optio
     layout.sampled_logprobs = at;
     at = AlignUp(at + 4ull * options.max_batch);
   }
+  if (options.token_bitmask) {
+    layout.token_bitmask = at;
+    at = AlignUp(at + samplerd_bitmask_bytes(options.max_batch, options.vocab));
+  }
+  if (options.processors) {
+    layout.processors = at;
+    at = AlignUp(at + ProcessorsBytes(options));
+  }
   layout.total_bytes = at;
   return layout;
 }
@@ -122,6 +134,14 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
     return Invalid("expected dtype DTYPE_FP32, DTYPE_FP16 or DTYPE_BF16, got " +
                    v1::DType_Name(options.dtype));
   }
+  if (!options.processors &&
+      (options.logit_bias_capacity != 0 || options.token_history_capacity != 0)) {
+    return Invalid(
+        "expected logit_bias_capacity and token_history_capacity 0 without "
+        "processors, got " +
+        std::to_string(options.logit_bias_capacity) + " and " +
+        std::to_string(options.token_history_capacity));
+  }
   layout_ = ComputeDeviceSessionLayout(options);
   channel_ = client->channel();
   stub_ = v1::SamplerService::NewStub(channel_);
@@ -137,6 +157,8 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
   open.set_row_stride(options.row_stride);
   open.set_unregister_regions_on_end(true);  // a dead engine leaves nothing mapped
   open.set_logprob_source(options.logprob_source);
+  open.set_logit_bias_capacity(options.logit_bias_capacity);
+  open.set_token_history_capacity(options.token_history_capacity);
   open.set_plane(options.plane == SessionPlane::kHost ? v1::DEVICE_PLANE_HOST
                                                       : v1::DEVICE_PLANE_GPU);
   if (options.plane == SessionPlane::kHost) {
@@ -151,6 +173,8 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
     slice(open.mutable_token_ids(), layout_.token_ids);
     slice(open.mutable_row_status(), layout_.row_status);
     if (options.logprobs) slice(open.mutable_sampled_logprobs(), layout_.sampled_logprobs);
+    if (options.token_bitmask) slice(open.mutable_token_bitmask(), layout_.token_bitmask);
+    if (options.processors) slice(open.mutable_processors(), layout_.processors);
   } else {
     open.set_device(options.gpu.device);
     open.mutable_control()->set_region(shm_region_);
@@ -168,6 +192,8 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
     slice(open.mutable_token_ids(), options.gpu.token_ids);
     slice(open.mutable_row_status(), options.gpu.row_status);
     if (options.logprobs) slice(open.mutable_sampled_logprobs(), options.gpu.sampled_logprobs);
+    if (options.token_bitmask) slice(open.mutable_token_bitmask(), options.gpu.token_bitmask);
+    if (options.processors) slice(open.mutable_processors(), options.gpu.processors);
   }
   return OpenStream(open);
 }
@@ -216,6 +242,18 @@ grpc::Status DeviceSession::AllocateHostBuffers(Client* client) {
   if (options_.logprobs) {
     sampled_logprobs_ = reinterpret_cast<float*>(base + layout_.sampled_logprobs);
   }
+  // The processors start as "allow everything, no penalties, no lists".
+  if (options_.token_bitmask) {
+    token_bitmask_ = reinterpret_cast<int32_t*>(base + layout_.token_bitmask);
+    std::memset(token_bitmask_, 0xff, samplerd_bitmask_bytes(m, options_.vocab));
+  }
+  if (options_.processors) {
+    processors_ = base + layout_.processors;
+    std::vector<uint8_t> none;
+    grpc::Status status = PackSessionProcessors(options_, 0, {}, &none);
+    if (!status.ok()) return status;
+    std::memcpy(processors_, none.data(), none.size());
+  }
   return grpc::Status::OK;
 }
 
@@ -232,6 +270,13 @@ grpc::Status DeviceSession::UseGpuBuffers(Client* client) {
                              {&gpu.row_status, 4ull * options_.max_batch, "row_status"}};
   if (options_.logprobs) {
     needs.push_back({&gpu.sampled_logprobs, 4ull * options_.max_batch, "sampled_logprobs"});
+  }
+  if (options_.token_bitmask) {
+    needs.push_back({&gpu.token_bitmask, samplerd_bitmask_bytes(options_.max_batch, options_.vocab),
+                     "token_bitmask"});
+  }
+  if (options_.processors) {
+    needs.push_back({&gpu.processors, ProcessorsBytes(options_), "processors"});
   }
   for (const Need& need : needs) {
     if (need.buffer->device_ptr == nullptr || need.buffer->ipc_handle.empty()) {
@@ -274,6 +319,8 @@ grpc::Status DeviceSession::UseGpuBuffers(Client* client) {
   token_ids_ = static_cast<int32_t*>(gpu.token_ids.device_ptr);
   row_status_ = static_cast<int32_t*>(gpu.row_status.device_ptr);
   if (options_.logprobs) sampled_logprobs_ = static_cast<float*>(gpu.sampled_logprobs.device_ptr);
+  if (options_.token_bitmask) token_bitmask_ = static_cast<int32_t*>(gpu.token_bitmask.device_ptr);
+  if (options_.processors) processors_ = static_cast<uint8_t*>(gpu.processors.device_ptr);
   return grpc::Status::OK;
 }
 

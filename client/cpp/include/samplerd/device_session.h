@@ -20,7 +20,7 @@
 // GPU plane (a GPU server; pays two GPU context switches per step without CUDA MPS, see
 // docs/DEVICE_SESSIONS.md): the client cannot allocate device memory (it links no GPU
 // runtime), so the engine allocates the data buffers (logits, params, token_ids, row_status,
-// sampled_logprobs) and passes their device pointers and IPC handles in
+// sampled_logprobs, token_bitmask, processors) and passes their device pointers and IPC handles in
 // DeviceSessionOptions::gpu; ComputeDeviceSessionLayout() gives one allocation's offsets.
 // Those pointers are device pointers. The control block is host shm in both planes: the
 // session allocates it (a one-page shm object, its own region) and pins it at the first
@@ -43,6 +43,7 @@
 
 #include "samplerd/client.h"
 #include "samplerd/host_shm_buffer.h"
+#include "samplerd/processors.h"
 #include "samplerd/v1/device_session.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
 
@@ -69,6 +70,8 @@ struct GpuBuffers {
   std::string device;  // the GPU's PCI bus id or UUID, as GetServerInfo lists it
   GpuBuffer logits, params, token_ids, row_status;
   GpuBuffer sampled_logprobs;  // only with DeviceSessionOptions::logprobs
+  GpuBuffer token_bitmask;     // only with DeviceSessionOptions::token_bitmask
+  GpuBuffer processors;        // only with DeviceSessionOptions::processors
 };
 
 // What to open.
@@ -81,6 +84,15 @@ struct DeviceSessionOptions {
   // Also write each row's sampled-token logprob (float32) to sampled_logprobs().
   bool logprobs = false;
   v1::LogprobSource logprob_source = v1::LOGPROB_SOURCE_RAW;
+  // Logits processors (device_session.h, "Logits processors"): an allowed-token bitmask buffer
+  // (int32 words [max_batch, BitmaskWords(vocab)]), and a processors buffer for the penalties
+  // and the packed logit-bias and token-history lists of up to logit_bias_capacity and
+  // token_history_capacity entries over all rows (PackSessionProcessors fills it). The host
+  // plane starts them as "allow everything, no penalties".
+  bool token_bitmask = false;
+  bool processors = false;
+  uint32_t logit_bias_capacity = 0;     // only with processors
+  uint32_t token_history_capacity = 0;  // only with processors
   // The POSIX shm key of the session's shm object: every buffer (host plane) or the control
   // block alone (GPU plane). Empty: "/samplerd-ds-<pid>-<n>". Must start with the server's
   // --shm_prefix.
@@ -97,6 +109,8 @@ struct DeviceSessionLayout {
   uint64_t control = 0;  // host plane only: the GPU plane's allocation has no control block
   uint64_t logits = 0, params = 0, token_ids = 0, row_status = 0;
   uint64_t sampled_logprobs = 0;  // meaningful only with logprobs
+  uint64_t token_bitmask = 0;     // meaningful only with token_bitmask
+  uint64_t processors = 0;        // meaningful only with processors
   uint64_t total_bytes = 0;
 };
 
@@ -105,6 +119,24 @@ struct DeviceSessionLayout {
 // object), the data buffers for the GPU plane (a GPU engine may allocate total_bytes once and
 // pass base + offset for each buffer).
 DeviceSessionLayout ComputeDeviceSessionLayout(const DeviceSessionOptions& options);
+
+// One step's processors for rows [0, B), as engines name them (Client::Sample's semantics,
+// samplerd/processors.h). Each vector is empty (none / off) or has B entries.
+struct SessionProcessorRows {
+  std::vector<TokenBias> logit_bias;
+  std::vector<std::vector<int32_t>> prompt_token_ids, output_token_ids;
+  std::vector<float> repetition_penalty, presence_penalty, frequency_penalty;
+};
+
+// The bytes of the processors buffer of a session opened with `options` (processors set) for
+// rows [0, batch) of `rows`: penalties, then each row's bias and distinct history tokens in
+// increasing order, rows after `batch` empty (device_session.h). Copy them into processors()
+// before the step (memcpy on the host plane, cudaMemcpyAsync on the GPU plane). Returns
+// INVALID_ARGUMENT for a vector that is neither empty nor `batch` long, a batch outside
+// [0, max_batch] (0: every row empty), or lists longer than the capacities; the server checks
+// the values.
+grpc::Status PackSessionProcessors(const DeviceSessionOptions& options, int batch,
+                                   const SessionProcessorRows& rows, std::vector<uint8_t>* out);
 
 // Pointers to the per-row parameter arrays (device_session.h, "params"); rows [0, max_batch).
 struct DeviceSessionParams {
@@ -148,6 +180,10 @@ class DeviceSession {
   int32_t* token_ids() const { return token_ids_; }
   int32_t* row_status() const { return row_status_; }
   float* sampled_logprobs() const { return sampled_logprobs_; }  // null without logprobs
+  // The bitmask words [max_batch, BitmaskWords(vocab)] and the processors buffer
+  // (samplerd_processors_bytes(max_batch, NB, NH) bytes); null when not opened with them.
+  int32_t* token_bitmask() const { return token_bitmask_; }
+  uint8_t* processors() const { return processors_; }
   samplerd_control* control() const { return control_; }
 
   const std::string& session_id() const { return session_id_; }
@@ -222,6 +258,8 @@ class DeviceSession {
   int32_t* token_ids_ = nullptr;
   int32_t* row_status_ = nullptr;
   float* sampled_logprobs_ = nullptr;
+  int32_t* token_bitmask_ = nullptr;
+  uint8_t* processors_ = nullptr;
 
   // GPU side (EnqueueStep); resolved at first use.
   const void* gpu_ops_ = nullptr;  // internal::GpuStreamOps
