@@ -30,6 +30,9 @@ mismatch is printed). Checks, each printed PASS/FAIL:
                (CUDA events, 300 steps) against the bare kernel time (libsamplerd_capi.so
                through bench_kernels.py, --capi) and the server's compute time of unary calls;
                a markdown table on stdout and in --results (device_session_bench.{md,json})
+  processors_bench  GPU plane, B in 1, 32, 128: the step without processors, with a half-dense
+               bitmask, and with the bitmask + 16 bias and 2,000 history entries per row
+               (--results: processors_bench.{md,json})
 
     python3 device_session_cuda.py --gpu unix:///tmp/g.sock --py DIR [--samplerd BIN
         --lib-dir DIR] [--server-pid PID] [--capi libsamplerd_capi.so] [--results DIR]
@@ -50,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling mo
 from session_checks_bench import check_bench  # noqa: E402
 from session_checks_correctness import (check_auto, check_closed, check_concurrent,  # noqa: E402
                                         check_eager, check_graph, check_invalid)
+from session_bench_processors import check_processors_bench  # noqa: E402
 from session_checks_processors import check_processors  # noqa: E402
 from session_checks_kill import (check_engine_kill, check_server_kill, engine_child,  # noqa: E402
                                  server_kill_child)
@@ -153,6 +157,8 @@ def main():
             guarded("server_kill %s" % plane, check_server_kill, client, args, plane, device)
     if "bench" in checks:
         guarded("bench", check_bench, client, args, device)
+    if "processors_bench" in checks and "gpu" in args.planes:
+        guarded("processors_bench", check_processors_bench, client, args, device)
     client.close()
 
     failed = [(name, detail) for name, ok, detail in RESULTS if not ok]

@@ -10,7 +10,7 @@
 # The folder holds run_on_gpu.sh, bench_kernels.py, bench_processors.py, ipc_producer.py,
 # ipc_owner_kill.py, python_client_cuda.py, device_session_cuda.py with its modules session_common.py,
 # session_checks_correctness.py, session_checks_kill.py, session_checks_bench.py and
-# session_checks_processors.py,
+# session_checks_processors.py, session_bench_processors.py,
 # decode_loop.py, py/ (the Python client package
 # with the stubs of proto/samplerd/v1/*.proto, generated here with protoc and grpc_python_plugin: the GPU
 # machine has grpcio and protobuf but no generator), README.md, MANIFEST.txt and payload.tar.xz
@@ -97,7 +97,8 @@ cp tests/bench/gpu/bench_kernels.py tests/bench/gpu/bench_processors.py tests/gp
   tests/gpu/run_on_gpu_steps.sh tests/gpu/README.md tests/gpu/ipc_producer.py tests/gpu/python_client_cuda.py tests/gpu/device_session_cuda.py \
   tests/gpu/session_common.py tests/gpu/session_checks_correctness.py \
   tests/gpu/session_checks_kill.py tests/gpu/session_checks_bench.py \
-  tests/gpu/session_checks_processors.py tests/gpu/ipc_owner_kill.py \
+  tests/gpu/session_checks_processors.py tests/gpu/session_bench_processors.py \
+  tests/gpu/ipc_owner_kill.py \
   tests/bench/engine/decode_loop.py "$CARRY/"
 chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py" "$CARRY/ipc_producer.py" \
   "$CARRY/device_session_cuda.py" "$CARRY/ipc_owner_kill.py"

@@ -15,7 +15,7 @@ VOCAB = 151936
 MAX_BATCH = 64
 PLANES = ("gpu", "host")
 CHECKS = ("eager", "auto", "closed", "graph", "invalid", "concurrent", "processors",
-          "engine_kill", "server_kill", "bench")
+          "engine_kill", "server_kill", "bench", "processors_bench")
 RESULTS = []  # (name, passed, detail)
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEADLINE = [float("inf")]  # time.monotonic() by which the run must end (--deadline)
