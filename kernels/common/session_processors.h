@@ -1,9 +1,11 @@
 // A device session's logits processors, one row at a time: the checks of
 // proto/samplerd/v1/device_session.h ("processors") and the merge of a row's bias and history
-// entries into the sorted TokenAdjust list the samplers take (SampleArgs::adjusts).
+// entries into the sorted TokenAdjust list the samplers take (SampleArgs::adjusts): the whole
+// row sequentially (SessionRowValid, MergeSessionRow), or entry by entry for the GPU plane's
+// parallel version (the header and entry checks, SessionLowerBound, SessionAdjust).
 //
 // Shared by the host plane (service/core/session/host_plane.cc, on the CPU) and the GPU plane
-// (kernels/gpu/session_step.hip, one thread per row), so that both planes accept the same rows
+// (kernels/gpu/session_step.hip, a block per row), so that both planes accept the same rows
 // and build bit-identical adjusts. The per-entry arithmetic is HistoryAdjust
 // (logits_processors.h), the same as SampleRequest's merge (service/core/processors.cc).
 //
@@ -61,13 +63,10 @@ inline SessionProcessors ResolveSessionProcessors(const uint8_t* base, uint32_t 
   return p;
 }
 
-// Whether `row`'s processors follow every rule of device_session.h: penalties in range
-// (repetition finite and > 0, presence and frequency in [-2, 2], as SamplingParams), offsets
-// in order and within the capacities, token ids in [0, vocab) and strictly increasing, no NaN
-// bias, in_prompt 0 or 1. Written so that NaN fails every comparison. Reads the row's entries
-// once each.
-SAMPLERD_HOST_DEVICE inline bool SessionRowValid(const SessionProcessors& p, uint32_t row,
-                                                 int64_t vocab) {
+// Whether `row`'s penalties are in range (repetition finite and > 0, presence and frequency in
+// [-2, 2], as SamplingParams) and both lists' offsets are in order within the capacities.
+// Written so that NaN fails every comparison. Check it before reading any entry of the row.
+SAMPLERD_HOST_DEVICE inline bool SessionRowHeaderValid(const SessionProcessors& p, uint32_t row) {
   const float r = p.repetition[row];
   const float presence = p.presence[row];
   const float frequency = p.frequency[row];
@@ -76,35 +75,83 @@ SAMPLERD_HOST_DEVICE inline bool SessionRowValid(const SessionProcessors& p, uin
     return false;
   }
   const uint32_t b0 = p.bias_offsets[row], b1 = p.bias_offsets[row + 1];
-  if (b0 > b1 || b1 > p.bias_capacity) return false;
-  int64_t last = -1;
+  const uint32_t h0 = p.history_offsets[row], h1 = p.history_offsets[row + 1];
+  return b0 <= b1 && b1 <= p.bias_capacity && h0 <= h1 && h1 <= p.history_capacity;
+}
+
+// Whether bias entry i of a row whose entries start at `begin` has a token in [0, vocab) above
+// the previous entry's and a bias that is not NaN (+-inf are fine).
+SAMPLERD_HOST_DEVICE inline bool SessionBiasEntryValid(const SessionProcessors& p, uint32_t i,
+                                                       uint32_t begin, int64_t vocab) {
+  const int32_t t = p.bias_tokens[i];
+  return t >= 0 && t < vocab && (i == begin || p.bias_tokens[i - 1] < t) &&
+         p.biases[i] == p.biases[i];
+}
+
+// Whether history entry i of a row whose entries start at `begin` has a token in [0, vocab)
+// above the previous entry's and an in_prompt of 0 or 1.
+SAMPLERD_HOST_DEVICE inline bool SessionHistoryEntryValid(const SessionProcessors& p, uint32_t i,
+                                                          uint32_t begin, int64_t vocab) {
+  const int32_t t = p.history_tokens[i];
+  return t >= 0 && t < vocab && (i == begin || p.history_tokens[i - 1] < t) && p.in_prompt[i] <= 1;
+}
+
+// Whether `row`'s processors follow every rule of device_session.h: the header, then each entry
+// (the GPU plane checks the entries of a row in parallel with the same functions).
+SAMPLERD_HOST_DEVICE inline bool SessionRowValid(const SessionProcessors& p, uint32_t row,
+                                                 int64_t vocab) {
+  if (!SessionRowHeaderValid(p, row)) return false;
+  const uint32_t b0 = p.bias_offsets[row], b1 = p.bias_offsets[row + 1];
   for (uint32_t i = b0; i < b1; ++i) {
-    const int64_t t = p.bias_tokens[i];
-    if (t <= last || t >= vocab) return false;  // last >= -1: also t >= 0
-    if (p.biases[i] != p.biases[i]) return false;
-    last = t;
+    if (!SessionBiasEntryValid(p, i, b0, vocab)) return false;
   }
   const uint32_t h0 = p.history_offsets[row], h1 = p.history_offsets[row + 1];
-  if (h0 > h1 || h1 > p.history_capacity) return false;
-  last = -1;
   for (uint32_t i = h0; i < h1; ++i) {
-    const int64_t t = p.history_tokens[i];
-    if (t <= last || t >= vocab) return false;
-    if (p.in_prompt[i] > 1) return false;
-    last = t;
+    if (!SessionHistoryEntryValid(p, i, h0, vocab)) return false;
   }
   return true;
 }
 
+// The index of the first token >= t in the sorted tokens[begin, end) (end when none).
+SAMPLERD_HOST_DEVICE inline uint32_t SessionLowerBound(const int32_t* tokens, uint32_t begin,
+                                                       uint32_t end, int32_t t) {
+  while (begin < end) {
+    const uint32_t mid = begin + (end - begin) / 2;
+    if (tokens[mid] < t) {
+      begin = mid + 1;
+    } else {
+      end = mid;
+    }
+  }
+  return begin;
+}
+
+constexpr uint32_t kNoEntry = 0xffffffffu;
+
+// The merged TokenAdjust of one token of `row`: bias entry `bias` and history entry `history`
+// (either kNoEntry, not both), with Sample's arithmetic (HistoryAdjust).
+SAMPLERD_HOST_DEVICE inline TokenAdjust SessionAdjust(const SessionProcessors& p, uint32_t row,
+                                                      uint32_t bias, uint32_t history) {
+  TokenAdjust a;
+  if (bias != kNoEntry) {
+    a.token = p.bias_tokens[bias];
+    a.bias = p.biases[bias];
+  }
+  if (history != kNoEntry) {
+    a.token = p.history_tokens[history];
+    HistoryAdjust(p.output_counts[history], p.in_prompt[history] != 0, p.repetition[row],
+                  p.presence[row], p.frequency[row], &a);
+  }
+  return a;
+}
+
 // Merges a valid row's bias and history entries (both sorted) into TokenAdjust entries sorted
-// by token, one per token, dropping those that change nothing (as SampleRequest's merge does).
-// Writes them to `out` unless it is null; returns how many there are (<= the row's bias plus
-// history entries).
+// by token, one per token of the union. Entries that change nothing are kept (a bias of 0 and
+// repetition 1 leave every logit as it is, -0 aside), so that a row's count is the size of the
+// union, which the GPU plane computes in parallel. Writes them to `out` unless it is null;
+// returns how many there are.
 SAMPLERD_HOST_DEVICE inline uint32_t MergeSessionRow(const SessionProcessors& p, uint32_t row,
                                                      TokenAdjust* out) {
-  const float repetition = p.repetition[row];
-  const float presence = p.presence[row];
-  const float frequency = p.frequency[row];
   uint32_t b = p.bias_offsets[row];
   const uint32_t b_end = p.bias_offsets[row + 1];
   uint32_t h = p.history_offsets[row];
@@ -113,15 +160,9 @@ SAMPLERD_HOST_DEVICE inline uint32_t MergeSessionRow(const SessionProcessors& p,
   while (b < b_end || h < h_end) {
     const int32_t bt = b < b_end ? p.bias_tokens[b] : INT32_MAX;
     const int32_t ht = h < h_end ? p.history_tokens[h] : INT32_MAX;
-    TokenAdjust a;
-    a.token = bt < ht ? bt : ht;
-    if (bt == a.token) a.bias = p.biases[b++];
-    if (ht == a.token) {
-      HistoryAdjust(p.output_counts[h], p.in_prompt[h] != 0, repetition, presence, frequency, &a);
-      ++h;
-    }
-    if (IsNoOpAdjust(a)) continue;
-    if (out != nullptr) out[n] = a;
+    const uint32_t bias = bt <= ht ? b++ : kNoEntry;
+    const uint32_t history = ht <= bt ? h++ : kNoEntry;
+    if (out != nullptr) out[n] = SessionAdjust(p, row, bias, history);
     ++n;
   }
   return n;

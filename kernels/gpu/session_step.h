@@ -56,10 +56,11 @@ size_t SessionStepWorkspaceBytes(uint32_t max_batch, int64_t vocab, bool sampled
 //      or ABORTED); validates rows [0, B) as the server does for SampleRequest (temperature
 //      NaN, < 0 or +inf; top_k < -1; top_p NaN, <= 0 or > 1; min_p NaN, < 0 or > 1; top_p_mode
 //      not 0, 1 or 2) into workspace RowParams (invalid rows get greedy parameters);
-//   1b. with a processors buffer, a processors kernel (1 block) checks each valid row's
-//      processors (kernels/common/session_processors.h; a bad row becomes invalid) and merges
-//      its entries into the workspace's TokenAdjust list with offsets for all max_batch rows
-//      (rows past B and invalid rows empty);
+//   1b. with a processors buffer, three kernels check each valid row's processors in parallel
+//      (a block per row; kernels/common/session_processors.h; a bad row becomes invalid), scan
+//      the rows' merged counts into offsets for all max_batch rows (rows past B and invalid rows
+//      empty), and write each row's merged TokenAdjust list (a block per row, each entry at its
+//      rank in the union of the row's bias and history tokens);
 //   2. Sample over max_batch rows with device_batch = the step's batch, the bitmask and the
 //      merged adjusts;
 //   3. a finish kernel writes row_status (1 OK, 2 NaN, 3 no finite logit, 4 invalid

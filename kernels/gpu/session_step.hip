@@ -1,7 +1,7 @@
 // SessionStep (session_step.h): one device-session step as three launches on the caller's
-// stream, SessionPrepareKernel -> Sample (sample.hip) -> SessionFinishKernel (four with a
-// processors buffer: SessionProcessorsKernel after the prepare), so that the engine's step
-// costs no host work in samplerd.
+// stream, SessionPrepareKernel -> Sample (sample.hip) -> SessionFinishKernel (six with a
+// processors buffer: SessionCheckKernel, SessionOffsetsKernel and SessionWriteKernel after the
+// prepare), so that the engine's step costs no host work in samplerd.
 #include "kernels/common/session_processors.h"
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/platform.h"
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kStepThreads) SessionPrepareKernel(StepParams 
   }
 }
 
-// What SessionProcessorsKernel reads and writes.
+// What the processors kernels read and write.
 struct ProcessorsStep {
   SessionProcessors procs;  // the engine's buffer, resolved on the host
   uint32_t max_batch;
@@ -150,28 +150,63 @@ __device__ __forceinline__ void RejectRow(const ProcessorsStep& p, uint32_t row)
   p.row_params[row].temperature = 0.0f;  // greedy: the cheapest row, its output is overwritten
 }
 
-// Launch: 1 block of kStepThreads, after SessionPrepareKernel (sessions with a processors
-// buffer). 1. A thread per row checks each valid row's processors (a bad row becomes invalid)
-// and counts its merged entries. 2. The offsets over all max_batch rows (rows past the batch
-// and invalid rows empty): a block scan, or, when the rows' entries overrun NB + NH (ranges
-// that overlap next to a row with decreasing offsets), a serial pass by thread 0 that rejects
-// the rows that do not fit, in row order, as the host plane does (SessionEntriesFit). 3. A
-// thread per row writes its entries. A row's work is sequential over its entries.
-__global__ void __launch_bounds__(kStepThreads) SessionProcessorsKernel(ProcessorsStep p) {
-  const uint32_t b = p.words->batch;
-  for (uint32_t row = threadIdx.x; row < p.max_batch; row += kStepThreads) {
-    uint32_t n = 0;
-    if (row < b && p.valid[row] != 0) {
-      if (SessionRowValid(p.procs, row, p.vocab)) {
-        n = MergeSessionRow(p.procs, row, nullptr);
-      } else {
-        RejectRow(p, row);
-      }
-    }
-    p.counts[row] = n;
-  }
-  __syncthreads();
+// Whether token t is in the sorted tokens[begin, end); *rank: how many of them are below t.
+__device__ __forceinline__ bool Contains(const int32_t* tokens, uint32_t begin, uint32_t end,
+                                         int32_t t, uint32_t* rank) {
+  const uint32_t at = SessionLowerBound(tokens, begin, end, t);
+  *rank = at - begin;
+  return at < end && tokens[at] == t;
+}
 
+// Launch: grid (max_batch), kStepThreads threads; after SessionPrepareKernel. Block `row` checks
+// a valid row's processors (the header, then every entry in parallel: a bad row becomes
+// invalid) and counts its merged entries, the size of the union of its bias and history tokens
+// (a binary search per bias entry finds the tokens both lists hold). Rows past the batch and
+// invalid rows count 0.
+__global__ void __launch_bounds__(kStepThreads) SessionCheckKernel(ProcessorsStep p) {
+  const uint32_t row = blockIdx.x;
+  __shared__ uint32_t common;
+  if (row >= p.words->batch || p.valid[row] == 0) {
+    if (threadIdx.x == 0) p.counts[row] = 0;
+    return;
+  }
+  if (threadIdx.x == 0) common = 0;
+  const SessionProcessors& q = p.procs;
+  const bool header = SessionRowHeaderValid(q, row);  // every thread: a few words
+  bool bad = !header;
+  uint32_t mine = 0;
+  uint32_t b0 = 0, b1 = 0, h0 = 0, h1 = 0;
+  if (header) {
+    b0 = q.bias_offsets[row];
+    b1 = q.bias_offsets[row + 1];
+    h0 = q.history_offsets[row];
+    h1 = q.history_offsets[row + 1];
+    for (uint32_t i = h0 + threadIdx.x; i < h1; i += kStepThreads) {
+      bad |= !SessionHistoryEntryValid(q, i, h0, p.vocab);
+    }
+    for (uint32_t i = b0 + threadIdx.x; i < b1; i += kStepThreads) {
+      bad |= !SessionBiasEntryValid(q, i, b0, p.vocab);
+      uint32_t rank;
+      mine += Contains(q.history_tokens, h0, h1, q.bias_tokens[i], &rank) ? 1u : 0u;
+    }
+  }
+  __syncthreads();  // `common` is 0
+  if (mine != 0) atomicAdd(&common, mine);
+  bad = __syncthreads_or(bad);
+  if (threadIdx.x != 0) return;
+  if (bad) {
+    RejectRow(p, row);
+    p.counts[row] = 0;
+  } else {
+    p.counts[row] = (b1 - b0) + (h1 - h0) - common;  // exact only for a valid row (sorted lists)
+  }
+}
+
+// Launch: 1 block of kStepThreads, after SessionCheckKernel. The offsets over all max_batch
+// rows: a block scan of the counts, or, when the rows' entries overrun NB + NH (ranges that
+// overlap next to a row with decreasing offsets), a serial pass by thread 0 that rejects the
+// rows that do not fit, in row order, as the host plane does (SessionEntriesFit).
+__global__ void __launch_bounds__(kStepThreads) SessionOffsetsKernel(ProcessorsStep p) {
   __shared__ uint64_t scan[kStepThreads];
   __shared__ uint64_t carry;
   if (threadIdx.x == 0) {
@@ -195,27 +230,70 @@ __global__ void __launch_bounds__(kStepThreads) SessionProcessorsKernel(Processo
     if (threadIdx.x == kStepThreads - 1) carry = end;
     __syncthreads();
   }
-  if (carry > capacity) {
-    if (threadIdx.x == 0) {
-      uint64_t total = 0;
-      for (uint32_t row = 0; row < p.max_batch; ++row) {
-        uint32_t n = p.counts[row];
-        if (n != 0 && !SessionEntriesFit(total, n, p.procs)) {
-          RejectRow(p, row);
-          n = 0;
-        }
-        total += n;
-        p.offsets[row + 1] = static_cast<uint32_t>(total);
-      }
+  if (carry <= capacity || threadIdx.x != 0) return;
+  uint64_t total = 0;
+  for (uint32_t row = 0; row < p.max_batch; ++row) {
+    uint32_t n = p.counts[row];
+    if (n != 0 && !SessionEntriesFit(total, n, p.procs)) {
+      RejectRow(p, row);
+      n = 0;
+    }
+    total += n;
+    p.offsets[row + 1] = static_cast<uint32_t>(total);
+  }
+}
+
+// Writes the merged entries of one list of a row: each entry x of `list` [x0, x1) goes to its
+// rank in the union, (its index in the list) + (the other list's tokens below it) - (the
+// tokens of both lists below it, an exclusive block scan of `in other` flags over the list,
+// chunk by chunk). With `primary`, entries in both lists are written here, merged; otherwise
+// they are skipped (the primary list writes them).
+__device__ void WriteUnionSide(const ProcessorsStep& p, uint32_t row, bool primary,
+                               TokenAdjust* out) {
+  const SessionProcessors& q = p.procs;
+  const uint32_t b0 = q.bias_offsets[row], b1 = q.bias_offsets[row + 1];
+  const uint32_t h0 = q.history_offsets[row], h1 = q.history_offsets[row + 1];
+  const int32_t* list = primary ? q.bias_tokens : q.history_tokens;
+  const int32_t* other = primary ? q.history_tokens : q.bias_tokens;
+  const uint32_t x0 = primary ? b0 : h0, x1 = primary ? b1 : h1;
+  const uint32_t y0 = primary ? h0 : b0, y1 = primary ? h1 : b1;
+  __shared__ uint32_t scan[kStepThreads];
+  __shared__ uint32_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  for (uint32_t base = x0; base < x1; base += kStepThreads) {
+    const uint32_t i = base + threadIdx.x;
+    uint32_t rank = 0;
+    const bool both = i < x1 && Contains(other, y0, y1, list[i], &rank);
+    scan[threadIdx.x] = both ? 1u : 0u;
+    __syncthreads();
+    for (int d = 1; d < kStepThreads; d <<= 1) {
+      const uint32_t add = threadIdx.x >= static_cast<unsigned>(d) ? scan[threadIdx.x - d] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
+    }
+    const uint32_t below = carry + scan[threadIdx.x] - (both ? 1u : 0u);  // exclusive
+    if (i < x1 && (primary || !both)) {
+      const uint32_t bias = primary ? i : kNoEntry;
+      const uint32_t history = primary ? (both ? y0 + rank : kNoEntry) : i;
+      out[(i - x0) + rank - below] = SessionAdjust(q, row, bias, history);
     }
     __syncthreads();
+    if (threadIdx.x == kStepThreads - 1) carry += scan[threadIdx.x];
+    __syncthreads();
   }
+}
 
-  for (uint32_t row = threadIdx.x; row < b; row += kStepThreads) {
-    if (p.valid[row] != 0 && p.offsets[row + 1] != p.offsets[row]) {
-      MergeSessionRow(p.procs, row, p.adjusts + p.offsets[row]);
-    }
-  }
+// Launch: grid (max_batch), kStepThreads threads; after SessionOffsetsKernel. Block `row`
+// writes a valid row's merged entries at adjusts[offsets[row]], sorted by token as the
+// sampling kernels need (row_processors.h): the bias side, then the history entries that no
+// bias entry shares.
+__global__ void __launch_bounds__(kStepThreads) SessionWriteKernel(ProcessorsStep p) {
+  const uint32_t row = blockIdx.x;
+  if (row >= p.words->batch || p.valid[row] == 0) return;
+  TokenAdjust* out = p.adjusts + p.offsets[row];
+  WriteUnionSide(p, row, /*primary=*/true, out);
+  WriteUnionSide(p, row, /*primary=*/false, out);
 }
 
 __device__ __forceinline__ int32_t ProtoRowStatus(RowStatus status) {
@@ -343,7 +421,10 @@ int SessionStep(const SessionStepArgs& args, void* workspace, size_t workspace_b
         buffers.counts,
         buffers.offsets,
         buffers.adjusts};
-    SessionProcessorsKernel<<<1, kStepThreads, 0, s>>>(procs);
+    const unsigned rows = args.max_batch;
+    SessionCheckKernel<<<rows, kStepThreads, 0, s>>>(procs);
+    SessionOffsetsKernel<<<1, kStepThreads, 0, s>>>(procs);
+    SessionWriteKernel<<<rows, kStepThreads, 0, s>>>(procs);
     status = hipGetLastError();
     if (status != hipSuccess) return static_cast<int>(status);
   }

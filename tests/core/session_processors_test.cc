@@ -1,6 +1,7 @@
 // A device session's processors, row by row (kernels/common/session_processors.h): the merged
 // TokenAdjust entries of random rows equal SampleRequest's (ValidateProcessors, processors.h)
-// bit for bit, and each rule of device_session.h rejects only the row that breaks it.
+// bit for bit (no-op entries aside), each row's count is the size of its lists' union, and each
+// rule of device_session.h rejects only the row that breaks it.
 #include "kernels/common/session_processors.h"
 
 #include <gtest/gtest.h>
@@ -106,10 +107,16 @@ std::vector<std::vector<kernels::TokenAdjust>> UnaryAdjusts(const std::vector<Ro
   return out;
 }
 
+// The session's merged entries of `row` without those that change nothing (which the session
+// keeps and SampleRequest drops: they leave every logit as it is).
 std::vector<kernels::TokenAdjust> SessionAdjusts(const kernels::SessionProcessors& p,
                                                  uint32_t row) {
-  std::vector<kernels::TokenAdjust> out(kernels::MergeSessionRow(p, row, nullptr));
-  EXPECT_EQ(kernels::MergeSessionRow(p, row, out.data()), out.size());
+  std::vector<kernels::TokenAdjust> all(kernels::MergeSessionRow(p, row, nullptr));
+  EXPECT_EQ(kernels::MergeSessionRow(p, row, all.data()), all.size());
+  std::vector<kernels::TokenAdjust> out;
+  for (const kernels::TokenAdjust& a : all) {
+    if (!kernels::IsNoOpAdjust(a)) out.push_back(a);
+  }
   return out;
 }
 
@@ -148,6 +155,10 @@ TEST(SessionProcessors, MergedRowsEqualSampleRequestsAdjustsBitForBit) {
     const std::vector<std::vector<kernels::TokenAdjust>> want = UnaryAdjusts(rows);
     for (uint32_t r = 0; r < kM; ++r) {
       ASSERT_TRUE(kernels::SessionRowValid(p, r, kV)) << "trial " << trial << " row " << r;
+      std::map<int32_t, int> tokens;
+      for (const auto& entry : rows[r].bias) ++tokens[entry.first];
+      for (const auto& entry : rows[r].history) ++tokens[entry.first];
+      EXPECT_EQ(kernels::MergeSessionRow(p, r, nullptr), tokens.size());
       const std::vector<kernels::TokenAdjust> got = SessionAdjusts(p, r);
       ASSERT_EQ(got.size(), want[r].size()) << "trial " << trial << " row " << r;
       for (size_t i = 0; i < got.size(); ++i) {
