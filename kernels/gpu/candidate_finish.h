@@ -135,14 +135,6 @@ __device__ inline void CandidateRowSummary(const ChunkStats* stats, int chunks, 
   __syncthreads();
 }
 
-// What the candidate draw found; threshold, mass and count only when asked for (logprobs).
-struct CandidateDraw {
-  int64_t token;
-  uint32_t threshold;  // the smallest kept key
-  uint64_t mass;       // fixed-point mass of the kept items
-  uint64_t count;      // their number
-};
-
 // The top-p cut of s.sort[0, n) (sorted, key descending): the first tie-group start whose
 // weight above reaches p * (the joint mass when joint_mass >= 0, else the mass of all n);
 // n when none does. Each thread owns consecutive items; one block scan.
@@ -174,8 +166,8 @@ __device__ int CutTopP(SelectStorage& s, int n, float p, double joint_mass, floa
 }
 
 // min-p, top-k and top-p over the row's candidates (total <= kSortCap), then the Gumbel-max
-// draw over the kept ones. `key` / `index` are the row's [chunks, kCandidateCap] lists,
-// offset[c] chunk c's first candidate; row_max the max z, sum_exp_z (JOINT top-p) the sum of
+// draw over the kept ones; returns the token. `key` / `index` are the row's [chunks, kCandidateCap]
+// lists, offset[c] chunk c's first candidate; row_max the max z, sum_exp_z (JOINT top-p) the sum of
 // exp(z - row_max) over the row.
 //
 //   1. Each thread loads up to kSortCap / kThreads candidates at once into registers.
@@ -186,11 +178,10 @@ __device__ int CutTopP(SelectStorage& s, int n, float p, double joint_mass, floa
 //      (each item counts the items before it) when at most kRankSortCap, else bitonic.
 //   4. top-k keeps the sorted prefix up to the last tie of the k-th key; top-p cuts it by mass.
 template <int kThreads>
-__device__ CandidateDraw CandidatesDraw(const uint32_t* key, const int32_t* index,
-                                        const uint32_t* offset, int chunks, int total,
-                                        float row_max, float sum_exp_z, const RowParams& params,
-                                        bool want_mass, CandidateScratch& c, SelectStorage& s,
-                                        typename BlockReduce<kThreads>::Storage& reduce) {
+__device__ int64_t CandidatesDraw(const uint32_t* key, const int32_t* index, const uint32_t* offset,
+                                  int chunks, int total, float row_max, float sum_exp_z,
+                                  const RowParams& params, CandidateScratch& c, SelectStorage& s,
+                                  typename BlockReduce<kThreads>::Storage& reduce) {
   constexpr int kPer = kSortCap / kThreads;
   const uint32_t min_p_key = params.min_p > 0.0f ? OrderedKey(row_max + logf(params.min_p)) : 0u;
   // 1. Candidate i lives in the last chunk whose offset is <= i; all loads are independent.
@@ -311,21 +302,14 @@ __device__ CandidateDraw CandidatesDraw(const uint32_t* key, const int32_t* inde
     kept = CutTopP<kThreads>(s, kept, params.top_p, joint, row_max, &c.cut, reduce);
   }
   ArgMaxPair best{-kInfF, INT64_MAX};
-  uint64_t my_mass = 0;
   for (int i = threadIdx.x; i < kept; i += kThreads) {
     const int64_t j = s.sort.index[i];
     const float z = KeyToFloat(s.sort.key[i]);
     const ArgMaxPair scored{z + GumbelNoise(params.seed, params.position, static_cast<uint64_t>(j)),
                             j};
     if (Better(scored, best)) best = scored;
-    if (want_mass) my_mass += FixedMass(z, row_max);
   }
-  CandidateDraw out;
-  out.threshold = s.sort.key[kept - 1];
-  out.count = static_cast<uint64_t>(kept);
-  out.mass = want_mass ? BlockReduce<kThreads>::SumU64(reduce, my_mass) : 0;
-  out.token = BlockReduce<kThreads>::ArgMax(reduce, best).index;
-  return out;
+  return BlockReduce<kThreads>::ArgMax(reduce, best).index;
 }
 
 }  // namespace samplerd::kernels::gpu

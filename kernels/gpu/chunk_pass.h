@@ -42,6 +42,7 @@ __device__ __forceinline__ int64_t ItemIndex(int64_t begin, int i) {
 // code (it cost up to 29% at B = 1 as a runtime branch: NOTES.md v9).
 template <DType kDType, bool kProcs>
 __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassParams p) {
+  GridLaunchDependents();  // RowFinishKernel may start its prologue (and fetch its code) now
   using Reduce = BlockReduce<kChunkThreads>;
   __shared__ typename Reduce::Storage reduce;
   __shared__ uint32_t thread_max[kChunkThreads / kLogicalWarp];

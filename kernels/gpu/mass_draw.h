@@ -245,6 +245,7 @@ __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawPa
   if (p.rows.Skipped(row)) return;  // device sessions: a row past the step's batch
   const RowParams params = p.rows.Params(row);
   if (!IsMassRow(params, p.rows.vocab, p.mass.enabled)) return;
+  GridWaitPrerequisites();  // launched dependent on RowFinishKernel, which writes the plans
   const MassPlan plan = p.mass.plan[row];
   if (plan.path != MassPath::kTwoPass) return;
   const void* row_ptr = p.rows.Row<kDType>(row);

@@ -102,6 +102,22 @@ inline constexpr int kMinWaveSize = 32;
 // shuffles with this width stay within 32-lane segments on a 64-lane wave.
 inline constexpr int kLogicalWarp = 32;
 
+// Programmatic dependent launch (NVIDIA compute capability 9.0+; no-ops elsewhere, HIP included).
+// A kernel launched with it (LaunchDependent, sample.hip) may start while the kernel before it
+// on the stream still runs, once every block of that kernel called GridLaunchDependents (or
+// exited); it must call GridWaitPrerequisites before it reads anything that kernel writes, and
+// the wait returns when that kernel has completed and its memory is visible.
+__device__ __forceinline__ void GridLaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void GridWaitPrerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace samplerd::kernels::gpu
 
 #endif  // SAMPLERD_KERNELS_GPU_PLATFORM_H_

@@ -115,7 +115,6 @@ struct RowSummary {
   uint32_t not_neg_inf_x;
   bool candidates_ok;
   ArgMaxPair drawn;  // rows drawn in the chunk pass (or tied): the best z + G over all chunks
-  uint32_t candidate_total;
   bool tied;  // a flat row: TiedAtRowMax, set only for top-k rows whose candidates overflowed
 };
 
@@ -123,7 +122,7 @@ struct RowSummary {
 // (one dependent global load per chunk cost ~20 µs per row, NOTES.md v2).
 __device__ inline RowSummary CombineChunks(const ChunkStats* staged, int chunks) {
   RowSummary r{-kInfF, 0.0f, -kInfF, 0.0f, 0, 0, 0, 0, 0, true, ArgMaxPair{-kInfF, INT64_MAX},
-               0,      false};
+               false};
   for (int c = 0; c < chunks; ++c) {
     r.max_z = fmaxf(r.max_z, staged[c].max_z);
     r.max_x = fmaxf(r.max_x, staged[c].max_x);
@@ -142,7 +141,6 @@ __device__ inline RowSummary CombineChunks(const ChunkStats* staged, int chunks)
     r.pos_inf_z += s.pos_inf_z;
     r.not_neg_inf_x += s.not_neg_inf_x;
     r.candidates_ok = r.candidates_ok && s.overflow == 0;
-    r.candidate_total += s.candidates;
     const ArgMaxPair drawn{s.best_score, s.best_index};
     if (Better(drawn, r.drawn)) r.drawn = drawn;
   }

@@ -12,6 +12,8 @@
 //   3. MassDrawKernel (mass_draw.h), launched when such rows may exist (SampleArgs::top_p_rows).
 // Which row takes which path: row_path.h.
 // Design, measurements and what each version cost: kernels/gpu/NOTES.md.
+#include <atomic>
+
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/greedy_pass.h"
 #include "kernels/gpu/mass_draw.h"
@@ -94,8 +96,10 @@ template <DType kDType>
 __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
   __shared__ FinishShared sh;
   const int64_t row = blockIdx.x;
+  GridLaunchDependents();           // MassDrawKernel may start its prologue now
   if (p.rows.Skipped(row)) return;  // device sessions: a row past the step's batch
   const RowParams params = p.rows.Params(row);
+  GridWaitPrerequisites();  // launched dependent on ChunkPassKernel: its stats are read below
   if (IsMassRow(params, p.rows.vocab, p.mass.enabled) &&
       PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.rows.chunks, row, p.rows.chunks,
                                   params.top_p, params.temperature, sh.mass_plan,
@@ -114,12 +118,12 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     if (path != CandidatePath::kGeneral) {
       int64_t token = sh.candidates.drawn;  // kTied
       if (path == CandidatePath::kList) {
-        token =
-            CandidatesDraw<kFinishThreads>(candidate_key, candidate_index, sh.candidate_offset,
-                                           p.rows.chunks, static_cast<int>(sh.candidates.total),
-                                           sh.candidates.max_z, sh.candidates.sum_exp_z, params,
-                                           /*want_mass=*/false, sh.candidates, sh.select, sh.reduce)
-                .token;
+        // Inlined at this one call site: a second one (for logprob rows) spilled registers
+        // across the whole kernel, +2 us on every other row at B = 1 (NOTES.md v14).
+        token = CandidatesDraw<kFinishThreads>(candidate_key, candidate_index, sh.candidate_offset,
+                                               p.rows.chunks, static_cast<int>(sh.candidates.total),
+                                               sh.candidates.max_z, sh.candidates.sum_exp_z, params,
+                                               sh.candidates, sh.select, sh.reduce);
       }
       if (threadIdx.x == 0) {
         p.token_ids[row] = static_cast<int32_t>(token);
@@ -136,12 +140,6 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     // for the rows that can use it: every row paid ~1 µs when CombineChunks did it (v11).
     sh.summary.tied = UsesCandidates(params, p.rows.vocab) && !sh.summary.candidates_ok &&
                       TiedAtRowMax(sh.staged, p.rows.chunks, sh.summary.max_z);
-    uint32_t offset = 0;
-    for (int c = 0; c < p.rows.chunks; ++c) {
-      sh.candidate_offset[c] = offset;
-      offset += sh.staged[c].candidates;
-    }
-    sh.candidate_offset[p.rows.chunks] = offset;
   }
   __syncthreads();
   const RowSummary summary = sh.summary;
@@ -197,15 +195,6 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     token = summary.drawn.index;  // drawn in the chunk pass; no survivor mass needed
   } else if (summary.tied && !processed_logprobs) {
     token = summary.drawn.index;  // every finite z ties at the max: every filter keeps them all
-  } else if (use_candidates && summary.candidate_total <= static_cast<uint32_t>(kSortCap)) {
-    const CandidateDraw draw = CandidatesDraw<kFinishThreads>(
-        candidate_key, candidate_index, sh.candidate_offset, p.rows.chunks,
-        static_cast<int>(summary.candidate_total), summary.max_z, summary.sum_exp_z, params,
-        /*want_mass=*/true, sh.candidates, sh.select, sh.reduce);
-    token = draw.token;
-    threshold = draw.threshold;
-    mass = draw.mass;
-    count = draw.count;
   } else if (use_candidates) {
     token = FilterAndDraw(candidates, params, p.rows.vocab, summary, sh, &threshold, &mass, &count);
   } else {
@@ -357,6 +346,52 @@ int LaunchGreedySpans(const SampleArgs& args, GreedyParams p, hipStream_t stream
   return static_cast<int>(hipGetLastError());
 }
 
+#if defined(__CUDACC__)
+// Whether the current device takes programmatic dependent launches (compute capability 9.0+),
+// asked once per device.
+bool DependentLaunches() {
+  constexpr int kDevices = 64;
+  static std::atomic<int8_t> known[kDevices];  // 0: not asked yet, 1: yes, 2: no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
+  int8_t state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    int major = 0;
+    const bool yes =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+        major >= 9;
+    state = yes ? 1 : 2;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 1;
+}
+#endif
+
+// Launches `kernel` so that it may start while the kernel before it on the stream finishes
+// (platform.h, GridWaitPrerequisites): its launch and its prologue, which at small batches
+// are a good part of its time, overlap that kernel. A plain launch where that is not
+// available (HIP, older GPUs).
+template <class Params>
+void LaunchDependent(void (*kernel)(Params), dim3 grid, int threads, hipStream_t stream,
+                     const Params& params) {
+#if defined(__CUDACC__)
+  if (DependentLaunches()) {
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    cudaLaunchKernelEx(&config, kernel, params);  // errors surface in hipGetLastError
+    return;
+  }
+#endif
+  kernel<<<grid, threads, 0, stream>>>(params);
+}
+
 template <DType kDType>
 int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinishParams& finish,
            const MassDrawParams& draw, const GreedyParams* greedy, hipStream_t stream) {
@@ -375,11 +410,12 @@ int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinish
   } else {
     ChunkPassKernel<kDType, false><<<grid, kChunkThreads, 0, stream>>>(chunk);
   }
-  RowFinishKernel<kDType><<<static_cast<unsigned>(args.batch), kFinishThreads, 0, stream>>>(finish);
+  LaunchDependent(RowFinishKernel<kDType>, dim3(static_cast<unsigned>(args.batch)), kFinishThreads,
+                  stream, finish);
   if (draw.mass.enabled && chunk.rows.procs.active()) {
-    MassDrawKernel<kDType, true><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+    LaunchDependent(MassDrawKernel<kDType, true>, grid, kMassDrawThreads, stream, draw);
   } else if (draw.mass.enabled) {
-    MassDrawKernel<kDType, false><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+    LaunchDependent(MassDrawKernel<kDType, false>, grid, kMassDrawThreads, stream, draw);
   }
   return static_cast<int>(hipGetLastError());
 }
