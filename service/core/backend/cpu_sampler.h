@@ -1,6 +1,7 @@
 // The CPU backend: the reference sampler (kernels/cpu) spread over a thread pool. Every batch,
 // logits processors included, runs on the reference; the fast CPU sampler (kernels/cpu_fast)
-// serves only the device sessions' host plane, which has no processors.
+// serves only the device sessions' host plane (and hands its steps with processors to the
+// reference rows too).
 #ifndef SAMPLERD_SERVICE_CORE_BACKEND_CPU_SAMPLER_H_
 #define SAMPLERD_SERVICE_CORE_BACKEND_CPU_SAMPLER_H_
 
