@@ -202,6 +202,29 @@ class SessionProcessorsTest(unittest.TestCase):
                 neighbours = [i for i in range(batch) if i != row]
                 np.testing.assert_array_equal(tokens[neighbours], want.tokens[neighbours], name)
 
+    def test_rows_overlapping_a_bad_row_are_rejected_only_past_the_capacity(self):
+        # NB = 40, NH = 0. Row 1's bias offsets decrease (30 -> 10), so rows 0 and 2 both claim
+        # entries [10, 30): valid each, but their 60 merged entries overrun NB + NH = 40. In row
+        # order, row 0's 30 fit and row 2's do not: row 2 gets status 4 too.
+        logits = (np.random.default_rng(22).standard_normal((3, VOCAB)) * 3).astype(np.float32)
+        with self.session(processors={"logit_bias": 40, "token_history": 0},
+                          token_bitmask=False) as s:
+            m, at = MAX_BATCH, lay.processors_offsets(MAX_BATCH, 40, 0)
+            buf = s.pack_processors(3)
+            offsets = buf[at["bias_offsets"]:at["bias_offsets"] + 4 * (m + 1)].view("<u4")
+            offsets[:4] = [0, 30, 10, 40]
+            tokens = buf[at["bias_tokens"]:at["bias_tokens"] + 4 * 40].view("<i4")
+            tokens[:10] = np.arange(10)  # row 0: 0..9, 100..119; row 2: 100..129 (sorted)
+            tokens[10:40] = np.arange(100, 130)
+            biases = buf[at["biases"]:at["biases"] + 4 * 40].view("<f4")
+            biases[:] = 1.0
+            got, status = s.sample(logits, temperature=0.0, seeds=1, positions=0, processors=buf)
+            self.assertEqual(status.tolist(), [1, 4, 4])
+            self.assertEqual(got[1:].tolist(), [-1, -1])
+            offsets[:4] = [0, 30, 30, 40]  # the same rows without the overlap: all fit
+            got, status = s.sample(logits, temperature=0.0, seeds=1, positions=0, processors=buf)
+            self.assertEqual(status.tolist(), [1, 1, 1])
+
     def test_a_session_without_the_buffers_refuses_processor_arguments(self):
         logits = np.zeros((1, VOCAB), np.float32)
         with self.client.device_session(max_batch=MAX_BATCH, vocab=VOCAB) as s:
