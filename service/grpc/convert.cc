@@ -207,6 +207,7 @@ void ToProto(const core::ServerInfo& in, int64_t max_message_bytes,
   sessions->set_host_plane(in.device_sessions.host_plane);
   sessions->set_mps(in.device_sessions.mps);
   sessions->set_open_sessions(in.device_sessions.open_sessions);
+  sessions->set_processors(in.device_sessions.processors);
 }
 
 namespace {

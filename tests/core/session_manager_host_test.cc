@@ -444,6 +444,7 @@ TEST_F(HostSessions, SupportReportsTheLimitPlanesAndOpenSessions) {
   EXPECT_FALSE(support.gpu_plane);
   EXPECT_TRUE(support.host_plane);
   EXPECT_EQ(support.open_sessions, 1);
+  EXPECT_TRUE(support.processors);
 }
 
 TEST_F(HostSessions, OutputsSamplerdCannotWriteAreFailedPrecondition) {

@@ -211,8 +211,9 @@ TEST(ToProto, DescribesTheServer) {
 
 TEST(ToProto, DescribesDeviceSessionSupport) {
   core::ServerInfo info;
-  info.device_sessions = {/*max_sessions=*/5, /*gpu_plane=*/true, /*host_plane=*/true,
-                          /*mps=*/true, /*open_sessions=*/3};
+  info.device_sessions = {
+      /*max_sessions=*/5, /*gpu_plane=*/true,  /*host_plane=*/true,
+      /*mps=*/true,       /*open_sessions=*/3, /*processors=*/true};
   v1::GetServerInfoResponse out;
   ToProto(info, /*max_message_bytes=*/4 << 20, &out);
   EXPECT_EQ(out.limits().max_device_sessions(), 5);
@@ -220,6 +221,7 @@ TEST(ToProto, DescribesDeviceSessionSupport) {
   EXPECT_TRUE(out.device_sessions().host_plane());
   EXPECT_TRUE(out.device_sessions().mps());
   EXPECT_EQ(out.device_sessions().open_sessions(), 3);
+  EXPECT_TRUE(out.device_sessions().processors());
 }
 
 TEST(FromProto, CarriesEveryDeviceSessionOpenField) {
@@ -239,6 +241,10 @@ TEST(FromProto, CarriesEveryDeviceSessionOpenField) {
   slice(wire.mutable_token_ids(), "t", 4);
   slice(wire.mutable_row_status(), "s", 5);
   slice(wire.mutable_sampled_logprobs(), "g", 6);
+  slice(wire.mutable_token_bitmask(), "b", 7);
+  slice(wire.mutable_processors(), "q", 8);
+  wire.set_logit_bias_capacity(9);
+  wire.set_token_history_capacity(10);
   wire.set_logprob_source(v1::LOGPROB_SOURCE_PROCESSED);
   wire.set_plane(v1::DEVICE_PLANE_HOST);
   core::SessionOpen out;
@@ -256,6 +262,12 @@ TEST(FromProto, CarriesEveryDeviceSessionOpenField) {
   EXPECT_EQ(out.row_status.offset, 5u);
   EXPECT_EQ(out.sampled_logprobs.region, "g");
   EXPECT_EQ(out.sampled_logprobs.offset, 6u);
+  EXPECT_EQ(out.token_bitmask.region, "b");
+  EXPECT_EQ(out.token_bitmask.offset, 7u);
+  EXPECT_EQ(out.processors.region, "q");
+  EXPECT_EQ(out.processors.offset, 8u);
+  EXPECT_EQ(out.logit_bias_capacity, 9u);
+  EXPECT_EQ(out.token_history_capacity, 10u);
   EXPECT_EQ(out.logprob_source, 2);
   EXPECT_EQ(out.plane, 2);
 }
@@ -271,6 +283,8 @@ TEST(FromProto, KeepsUnknownDeviceSessionEnumsForTheManagerToRefuse) {
   EXPECT_EQ(out.logprob_source, 7);
   EXPECT_EQ(out.plane, 9);
   EXPECT_TRUE(out.sampled_logprobs.region.empty());  // unset: none
+  EXPECT_TRUE(out.token_bitmask.region.empty());
+  EXPECT_TRUE(out.processors.region.empty());
 }
 
 TEST(ToProto, DescribesAnOpenedSession) {

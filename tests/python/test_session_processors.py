@@ -242,6 +242,18 @@ class SessionProcessorsTest(unittest.TestCase):
                 s.sample(logits, temperature=0.0, seeds=1, positions=0,
                          logit_bias={1: 1.0, 2: 1.0, 3: 1.0})
 
+    def test_the_server_says_it_applies_processors_and_the_client_checks_it(self):
+        self.assertTrue(self.client.server_info().device_sessions.processors)
+        info = pb.GetServerInfoResponse()
+        info.CopyFrom(self.client._cached_server_info())
+        info.device_sessions.processors = False  # as a server from before processors says
+        self.client._cached_server_info = lambda: info
+        with self.assertRaises(samplerd.SamplerError) as caught:
+            self.session()
+        self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        with self.client.device_session(max_batch=MAX_BATCH, vocab=VOCAB) as s:  # none asked
+            self.assertEqual(s.plane, "host")
+
     def test_bad_opens_of_the_processor_buffers_have_exact_codes(self):
         layout = lay.Layout.of(MAX_BATCH, VOCAB, 4, False, bitmask=True, capacities=(8, 16))
         name = "procs-bad-open"

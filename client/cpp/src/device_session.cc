@@ -142,6 +142,17 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
         std::to_string(options.logit_bias_capacity) + " and " +
         std::to_string(options.token_history_capacity));
   }
+  if (options.token_bitmask || options.processors) {
+    // A server without them ignores the buffers (proto3): refuse rather than skip them.
+    v1::GetServerInfoResponse info;
+    grpc::Status status = client->GetServerInfo(&info);
+    if (!status.ok()) return status;
+    if (!info.device_sessions().processors()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "expected a server that applies device-session processors, got one "
+                          "without (GetServerInfo device_sessions.processors is false)");
+    }
+  }
   layout_ = ComputeDeviceSessionLayout(options);
   channel_ = client->channel();
   stub_ = v1::SamplerService::NewStub(channel_);

@@ -130,6 +130,13 @@ class DeviceSession:
         self.layout = layout
         self.torch_session = device is not None or plane == "gpu"
         support = client._cached_server_info().device_sessions
+        if (layout.token_bitmask is not None or layout.processors is not None) and \
+                not support.processors:
+            raise SamplerError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"expected a server that applies device-session processors, got {client.target} "
+                "without (GetServerInfo device_sessions.processors is false): it would ignore "
+                "token_bitmask and processors")
         try:
             if not self.torch_session:
                 self._host = _NumpyHostPlane(client, layout, dtype, source, step_timeout, spin_s)

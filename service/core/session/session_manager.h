@@ -76,6 +76,7 @@ struct SessionSupport {
   bool host_plane = true;
   bool mps = false;
   int32_t open_sessions = 0;
+  bool processors = true;  // DeviceSessionOpen's token_bitmask and processors are applied
 };
 
 // Starts a runner on a validated spec (host_plane.h, gpu_plane.h; tests inject fakes).
