@@ -13,6 +13,8 @@
 // Which row takes which path: row_path.h.
 // Design, measurements and what each version cost: kernels/gpu/NOTES.md.
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/greedy_pass.h"
@@ -348,8 +350,14 @@ int LaunchGreedySpans(const SampleArgs& args, GreedyParams p, hipStream_t stream
 
 #if defined(__CUDACC__)
 // Whether the current device takes programmatic dependent launches (compute capability 9.0+),
-// asked once per device.
+// asked once per device. SAMPLERD_DEPENDENT_LAUNCH=0 in the environment turns them off (plain
+// launches), for A/B measurements and as an escape hatch.
 bool DependentLaunches() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("SAMPLERD_DEPENDENT_LAUNCH");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  if (!allowed) return false;
   constexpr int kDevices = 64;
   static std::atomic<int8_t> known[kDevices];  // 0: not asked yet, 1: yes, 2: no
   int device = 0;
