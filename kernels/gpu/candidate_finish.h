@@ -41,7 +41,8 @@ struct CandidateScratch {
   int64_t drawn;       // kTied: the token
   uint32_t floor_bin;  // the top-k's last bin (TopBin)
   uint32_t collected;  // items in bins <= floor_bin
-  uint32_t cut;
+  uint32_t cut;        // the collect counter, then the top-k cut
+  uint32_t top_p_cut;
 };
 
 // Bin of z in 1/64 logit below the row max, the max in bin 0; everything more than 2,047 / 64
@@ -95,13 +96,15 @@ __device__ inline void CandidateRowSummary(const ChunkStats* stats, int chunks, 
     overflow = WaveOr(overflow);
     finite = WaveOr(finite);
     const bool plain = odd == 0 && finite != 0 && max_z > -kInfF;
+    // JOINT top-p: the row's sum of exp(z - max) by one lane in chunk order, the additions of
+    // CombineChunks (row_finish.h) exactly, so that the kept set never depends on which finish
+    // ran (a row that asks for logprobs takes the general one).
     float sum = 0.0f;
-    if (joint && plain) {
-      for (int k = lane; k < chunks; k += kWaveSize) {
+    if (joint && plain && lane == 0) {
+      for (int k = 0; k < chunks; ++k) {
         const ChunkStats& s = stats[k];
         if (s.sum_exp_z > 0.0f) sum += s.sum_exp_z * expf(s.max_z - max_z);
       }
-      sum = WaveSum(sum);
     }
     // A flat row (TiedAtRowMax of the general finish): every chunk with a finite z overflowed,
     // its least finite z at the row max.
@@ -299,7 +302,7 @@ __device__ int64_t CandidatesDraw(const uint32_t* key, const int32_t* index, con
   if (params.top_p > 0.0f && params.top_p < 1.0f) {
     const double joint =
         params.top_p_mode == TopPMode::kJoint ? static_cast<double>(sum_exp_z) * kMassScale : -1.0;
-    kept = CutTopP<kThreads>(s, kept, params.top_p, joint, row_max, &c.cut, reduce);
+    kept = CutTopP<kThreads>(s, kept, params.top_p, joint, row_max, &c.top_p_cut, reduce);
   }
   ArgMaxPair best{-kInfF, INT64_MAX};
   for (int i = threadIdx.x; i < kept; i += kThreads) {

@@ -98,10 +98,13 @@ template <DType kDType>
 __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
   __shared__ FinishShared sh;
   const int64_t row = blockIdx.x;
-  GridLaunchDependents();           // MassDrawKernel may start its prologue now
-  if (p.rows.Skipped(row)) return;  // device sessions: a row past the step's batch
-  const RowParams params = p.rows.Params(row);
-  GridWaitPrerequisites();  // launched dependent on ChunkPassKernel: its stats are read below
+  GridLaunchDependents();  // MassDrawKernel may start its prologue now
+  // Launched dependent on ChunkPassKernel, whose stats are read below. Every block waits for
+  // it, also a skipped one (see MassDrawKernel).
+  const bool skipped = p.rows.Skipped(row);  // device sessions: a row past the step's batch
+  const RowParams params = p.rows.Params(skipped ? 0 : row);
+  GridWaitPrerequisites();
+  if (skipped) return;
   if (IsMassRow(params, p.rows.vocab, p.mass.enabled) &&
       PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.rows.chunks, row, p.rows.chunks,
                                   params.top_p, params.temperature, sh.mass_plan,
@@ -349,9 +352,12 @@ int LaunchGreedySpans(const SampleArgs& args, GreedyParams p, hipStream_t stream
 }
 
 #if defined(__CUDACC__)
-// Whether the current device takes programmatic dependent launches (compute capability 9.0+),
-// asked once per device. SAMPLERD_DEPENDENT_LAUNCH=0 in the environment turns them off (plain
-// launches), for A/B measurements and as an escape hatch.
+// Whether dependent launches are safe and available here, asked once per device: the device
+// has them (compute capability 9.0+) and the kernels that run on it were compiled for 9.0+
+// (their PTX version, which is what __CUDA_ARCH__ was: an sm_80-only build runs on an H100 as
+// JIT-compiled compute_80 code, without the waits of platform.h, and must launch plainly).
+// SAMPLERD_DEPENDENT_LAUNCH=0 in the environment turns them off (plain launches), for A/B
+// measurements and as an escape hatch.
 bool DependentLaunches() {
   static const bool allowed = [] {
     const char* v = std::getenv("SAMPLERD_DEPENDENT_LAUNCH");
@@ -365,9 +371,12 @@ bool DependentLaunches() {
   int8_t state = known[device].load(std::memory_order_relaxed);
   if (state == 0) {
     int major = 0;
+    cudaFuncAttributes attributes{};
     const bool yes =
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-        major >= 9;
+        major >= 9 &&
+        cudaFuncGetAttributes(&attributes, RowFinishKernel<DType::kFp32>) == cudaSuccess &&
+        attributes.ptxVersion >= 90;
     state = yes ? 1 : 2;
     known[device].store(state, std::memory_order_relaxed);
   }
