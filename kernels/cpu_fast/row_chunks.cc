@@ -6,6 +6,11 @@
 #include <limits>
 
 #include "kernels/cpu/half_float.h"
+#include "kernels/cpu_fast/cpu_features.h"
+
+#if SAMPLERD_CPU_FAST_X86
+#include <immintrin.h>
+#endif
 
 namespace samplerd::kernels::cpu_fast_internal {
 
@@ -32,6 +37,43 @@ void LoadChunk(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, fl
       return;
   }
   std::fill(x, x + n, std::numeric_limits<float>::quiet_NaN());
+}
+
+namespace {
+
+#if SAMPLERD_CPU_FAST_X86
+SAMPLERD_AVX2 void DivideAvx2(const unsigned char* x, int64_t n, float temperature, float* z) {
+  const __m256 t = _mm256_set1_ps(temperature);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(z + j,
+                     _mm256_div_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(x + j * 4)), t));
+  }
+  for (; j < n; ++j) {
+    float v;
+    std::memcpy(&v, x + j * 4, 4);
+    z[j] = v / temperature;
+  }
+}
+#endif
+
+}  // namespace
+
+void LoadScaled(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, float temperature,
+                float* z) {
+  const unsigned char* x = Fp32Chunk(args, row, begin);
+  if (x == nullptr) {
+    LoadChunk(args, row, begin, n, z);
+    return Scale(z, n, temperature);
+  }
+#if SAMPLERD_CPU_FAST_X86
+  if (UseAvx2()) return DivideAvx2(x, n, temperature, z);
+#endif
+  for (int64_t j = 0; j < n; ++j) {
+    float v;
+    std::memcpy(&v, x + j * 4, 4);
+    z[j] = v / temperature;
+  }
 }
 
 }  // namespace samplerd::kernels::cpu_fast_internal

@@ -21,6 +21,17 @@ inline void Scale(float* x, int64_t n, float temperature) {
   for (int64_t j = 0; j < n; ++j) x[j] = x[j] / temperature;
 }
 
+// The bytes of token `begin` of row `row` when the logits are fp32 (read them in place: no
+// copy), else null. The pointer need not be 4-byte aligned.
+inline const unsigned char* Fp32Chunk(const SampleArgs& args, int64_t row, int64_t begin) {
+  if (args.dtype != DType::kFp32) return nullptr;
+  return static_cast<const unsigned char*>(args.logits) + (row * args.row_stride + begin) * 4;
+}
+
+// LoadChunk, then Scale: z[0, n) = x / T in one pass (fp32 rows are read in place).
+void LoadScaled(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, float temperature,
+                float* z);
+
 }  // namespace samplerd::kernels::cpu_fast_internal
 
 #endif  // SAMPLERD_KERNELS_CPU_FAST_ROW_CHUNKS_H_

@@ -3,53 +3,163 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/order_keys.h"
 #include "kernels/cpu_fast/row_chunks.h"
 
+#if SAMPLERD_CPU_FAST_X86
+#include <immintrin.h>
+#endif
+
 namespace samplerd::kernels::cpu_fast_internal {
+
+namespace {
+
+// Raw statistics of one chunk: of x, and of z = x / T unless the row is greedy.
+struct Scan {
+  float max_x = -kInf;  // NaNs ignored
+  bool nan_x = false;
+  float max_z = -kInf;
+  float min_finite_z = kInf;
+  bool nan_z = false;
+  bool pos_inf_z = false;
+};
+
+inline float At(const unsigned char* x, int64_t j) {
+  float v;
+  std::memcpy(&v, x + j * 4, 4);
+  return v;
+}
+
+void ScanScalar(const unsigned char* x, int64_t begin, int64_t n, bool greedy, float t, Scan& s) {
+  for (int64_t j = begin; j < n; ++j) {
+    const float v = At(x, j);
+    s.nan_x |= v != v;
+    s.max_x = v > s.max_x ? v : s.max_x;
+    if (greedy) continue;
+    const float z = v / t;
+    s.nan_z |= z != z;
+    s.pos_inf_z |= z == kInf;
+    s.max_z = z > s.max_z ? z : s.max_z;
+    s.min_finite_z = z != -kInf && z < s.min_finite_z ? z : s.min_finite_z;
+  }
+}
+
+// First j in [0, n) with x[j] == m, else 0.
+int64_t FirstEqualScalar(const unsigned char* x, int64_t begin, int64_t n, float m) {
+  for (int64_t j = begin; j < n; ++j) {
+    if (At(x, j) == m) return j;
+  }
+  return 0;
+}
+
+#if SAMPLERD_CPU_FAST_X86
+SAMPLERD_AVX2 inline float MaxLanes(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+SAMPLERD_AVX2 inline float MinLanes(__m256 v) {
+  __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_min_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// ScanScalar, 8 tokens at a time. _mm256_max_ps(v, m) returns m when v is NaN, as the scalar
+// `v > m ? v : m` does; the sign a zero maximum gets does not matter to any later step.
+SAMPLERD_AVX2 void ScanAvx2(const unsigned char* x, int64_t n, bool greedy, float t, Scan& s) {
+  const __m256 neg_inf = _mm256_set1_ps(-kInf);
+  const __m256 pos_inf = _mm256_set1_ps(kInf);
+  int64_t j = 0;
+  if (greedy) {
+    __m256 m0 = neg_inf, m1 = neg_inf, nan = _mm256_setzero_ps();
+    for (; j + 16 <= n; j += 16) {
+      const __m256 v0 = _mm256_loadu_ps(reinterpret_cast<const float*>(x + j * 4));
+      const __m256 v1 = _mm256_loadu_ps(reinterpret_cast<const float*>(x + j * 4 + 32));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v0, v1, _CMP_UNORD_Q));
+      m0 = _mm256_max_ps(v0, m0);
+      m1 = _mm256_max_ps(v1, m1);
+    }
+    s.max_x = MaxLanes(_mm256_max_ps(m0, m1));
+    s.nan_x = _mm256_movemask_ps(nan) != 0;
+  } else {
+    const __m256 tv = _mm256_set1_ps(t);
+    __m256 mx = neg_inf, mz = neg_inf, lo = pos_inf, nan_x = _mm256_setzero_ps();
+    __m256 nan_z = nan_x, inf_z = nan_x;
+    for (; j + 8 <= n; j += 8) {
+      const __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(x + j * 4));
+      const __m256 z = _mm256_div_ps(v, tv);
+      nan_x = _mm256_or_ps(nan_x, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      mx = _mm256_max_ps(v, mx);
+      nan_z = _mm256_or_ps(nan_z, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+      inf_z = _mm256_or_ps(inf_z, _mm256_cmp_ps(z, pos_inf, _CMP_EQ_OQ));
+      mz = _mm256_max_ps(z, mz);
+      lo = _mm256_min_ps(_mm256_blendv_ps(z, pos_inf, _mm256_cmp_ps(z, neg_inf, _CMP_EQ_OQ)), lo);
+    }
+    s.max_x = MaxLanes(mx);
+    s.nan_x = _mm256_movemask_ps(nan_x) != 0;
+    s.max_z = MaxLanes(mz);
+    s.min_finite_z = MinLanes(lo);
+    s.nan_z = _mm256_movemask_ps(nan_z) != 0;
+    s.pos_inf_z = _mm256_movemask_ps(inf_z) != 0;
+  }
+  ScanScalar(x, j, n, greedy, t, s);
+}
+
+SAMPLERD_AVX2 int64_t FirstEqualAvx2(const unsigned char* x, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(x + j * 4));
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(v, mv, _CMP_EQ_OQ));
+    if (mask != 0) return j + __builtin_ctz(static_cast<unsigned>(mask));
+  }
+  return FirstEqualScalar(x, j, n, m);
+}
+#endif
+
+}  // namespace
 
 ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t chunk,
                              const RowParams& p) {
   const int64_t begin = chunk * kChunk;
   const int64_t n = std::min(kChunk, args.vocab - begin);
-  float* x = Scratch().x.data();
-  LoadChunk(args, row, begin, n, x);
-  ChunkStats s;
-  bool nan_x = false;
-  bool above = false;
-  float max_x = -kInf;
-  for (int64_t j = 0; j < n; ++j) {
-    nan_x |= x[j] != x[j];
-    above |= x[j] != -kInf;
-    max_x = x[j] > max_x ? x[j] : max_x;
+  const unsigned char* x = Fp32Chunk(args, row, begin);
+  if (x == nullptr) {  // fp16 / bf16: widen into the scratch first
+    float* scratch = Scratch().x.data();
+    LoadChunk(args, row, begin, n, scratch);
+    x = reinterpret_cast<const unsigned char*>(scratch);
   }
-  s.nan_x = nan_x;
-  s.max_x = max_x;
-  s.any_above_neg_inf = above;
-  if (p.temperature < kGreedyTemperature) {
-    float m = -kInf;
-    for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
+  const bool greedy = p.temperature < kGreedyTemperature;
+  const bool avx2 = UseAvx2();
+  Scan scan;
+#if SAMPLERD_CPU_FAST_X86
+  if (avx2) ScanAvx2(x, n, greedy, p.temperature, scan);
+#endif
+  if (!avx2) ScanScalar(x, 0, n, greedy, p.temperature, scan);
+  ChunkStats s;
+  s.nan_x = scan.nan_x;
+  s.max_x = scan.max_x;
+  s.any_above_neg_inf = scan.nan_x || scan.max_x != -kInf;
+  if (greedy) {
+    // The first index of the maximum (the oracle's ArgMax keeps the lowest index on ties).
+    s.max_value = scan.max_x;
     int64_t arg = 0;
-    while (arg < n && !(x[arg] == m)) ++arg;
-    s.max_value = m;
-    s.arg = begin + (arg < n ? arg : 0);
+#if SAMPLERD_CPU_FAST_X86
+    if (avx2) arg = FirstEqualAvx2(x, n, scan.max_x);
+#endif
+    if (!avx2) arg = FirstEqualScalar(x, 0, n, scan.max_x);
+    s.arg = begin + arg;
   } else {
-    Scale(x, n, p.temperature);
-    float m = -kInf;
-    float lowest = kInf;
-    bool nan_z = false;
-    bool pos_inf = false;
-    for (int64_t j = 0; j < n; ++j) {
-      nan_z |= x[j] != x[j];
-      pos_inf |= x[j] == kInf;
-      m = x[j] > m ? x[j] : m;
-      lowest = x[j] != -kInf && x[j] < lowest ? x[j] : lowest;
-    }
-    s.max_value = m;
-    s.min_finite = lowest;
-    s.nan_z = nan_z;
-    s.pos_inf_z = pos_inf;
+    s.max_value = scan.max_z;
+    s.min_finite = scan.min_finite_z;
+    s.nan_z = scan.nan_z;
+    s.pos_inf_z = scan.pos_inf_z;
   }
   return s;
 }

@@ -1,0 +1,38 @@
+// Which vector code paths FastCpuSampler may take on this CPU. The AVX2 paths are compiled with
+// GCC's target attribute (the build itself targets baseline x86-64) and chosen at run time; they
+// compute bit for bit what the scalar paths compute (integer ops, and fp32 / double ops in the
+// same order, with no FMA contraction: "avx2" alone does not enable FMA). Internal to
+// kernels/cpu_fast.
+#ifndef SAMPLERD_KERNELS_CPU_FAST_CPU_FEATURES_H_
+#define SAMPLERD_KERNELS_CPU_FAST_CPU_FEATURES_H_
+
+#include <atomic>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SAMPLERD_CPU_FAST_X86 1
+#define SAMPLERD_AVX2 __attribute__((target("avx2")))
+#else
+#define SAMPLERD_CPU_FAST_X86 0
+#endif
+
+namespace samplerd::kernels::cpu_fast_internal {
+
+// Tests clear it to drive the scalar paths on an AVX2 machine.
+inline std::atomic<bool>& Avx2Allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+
+// True when the AVX2 paths run: the CPU has AVX2 and Avx2Allowed().
+inline bool UseAvx2() {
+#if SAMPLERD_CPU_FAST_X86
+  static const bool supported = __builtin_cpu_supports("avx2");
+  return supported && Avx2Allowed().load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+}  // namespace samplerd::kernels::cpu_fast_internal
+
+#endif  // SAMPLERD_KERNELS_CPU_FAST_CPU_FEATURES_H_
