@@ -7,8 +7,13 @@
 #include <vector>
 
 #include "kernels/common/philox.h"
+#include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/order_keys.h"
 #include "kernels/cpu_fast/row_chunks.h"
+
+#if SAMPLERD_CPU_FAST_X86
+#include <immintrin.h>
+#endif
 
 namespace samplerd::kernels::cpu_fast_internal {
 namespace {
@@ -39,61 +44,163 @@ const NoiseBounds& Bounds() {
 
 void WarmNoiseBounds() { Bounds(); }
 
+namespace {
+
+// The best (score, id) of one task's draw so far, and the score any new best must beat.
+struct Best {
+  int64_t id = -1;
+  float score = 0.0f;
+  float floor = 0.0f;  // <= the winning score: tokens that cannot reach it skip the noise
+
+  // Token `id` (z = v) drew the 32 bits w: keep it if it beats the best (lowest id on ties,
+  // as tokens arrive in increasing id).
+  void Offer(float v, uint32_t w, int64_t token, const float* bound) {
+    if (v + bound[w >> kNoiseBucketShift] < floor) return;
+    const float score_now = v + GumbelFromUniform(UniformFromBits(w));
+    if (id < 0 || score_now > score) {
+      id = token;
+      score = score_now;
+      floor = std::max(floor, score_now);
+    }
+  }
+};
+
+// The draw over z[j_begin, n) of a chunk starting at token `begin` (j_begin % 4 == 0):
+// survivors are KeyOf(z) - top <= span.
+void DrawScalar(const float* z, int64_t begin, int64_t j_begin, int64_t n, uint32_t top,
+                uint32_t span, const RowParams& p, const PhiloxKey& key, Best& best) {
+  const float* bound = Bounds().bound;
+  // Blocks of 4 tokens share one Philox call (begin is a multiple of 4).
+  for (int64_t j0 = j_begin; j0 < n; j0 += 4) {
+    const int64_t m = std::min<int64_t>(4, n - j0);
+    bool any = false;
+    for (int64_t i = 0; i < m; ++i) {
+      const float v = z[j0 + i];
+      any |= KeyOf(v) - top <= span && !(v + kGumbelAbove < best.floor);
+    }
+    if (!any) continue;
+    const PhiloxCounter bits =
+        Philox4x32x10(PhiloxCounterFor(p.position, static_cast<uint64_t>(begin + j0)), key);
+    for (int64_t i = 0; i < m; ++i) {
+      const float v = z[j0 + i];
+      if (KeyOf(v) - top > span) continue;
+      best.Offer(v, bits.word[i], begin + j0 + i, bound);
+    }
+  }
+}
+
+#if SAMPLERD_CPU_FAST_X86
+// The 32-bit products hi and lo of a * m for 8 lanes.
+SAMPLERD_AVX2 inline void MulHiLo8(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// Philox4x32x10 of the 8 blocks first_block .. first_block + 7 (low 32 bits not wrapping) at
+// `position`: word i of block b in out[i * 8 + b]. Integer ops only: the scalar function's bits.
+SAMPLERD_AVX2 void Philox8(uint64_t first_block, uint64_t position, PhiloxKey key,
+                           uint32_t* out) {
+  __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(first_block)),
+                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i c1 = _mm256_set1_epi32(static_cast<int32_t>(first_block >> 32));
+  __m256i c2 = _mm256_set1_epi32(static_cast<int32_t>(position));
+  __m256i c3 = _mm256_set1_epi32(static_cast<int32_t>(position >> 32));
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int32_t>(kPhiloxM0));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int32_t>(kPhiloxM1));
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    if (round > 0) {
+      key.word[0] += kPhiloxW0;
+      key.word[1] += kPhiloxW1;
+    }
+    __m256i hi0, lo0, hi1, lo1;
+    MulHiLo8(c0, m0, hi0, lo0);
+    MulHiLo8(c2, m1, hi1, lo1);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1),
+                          _mm256_set1_epi32(static_cast<int32_t>(key.word[0])));
+    c1 = lo1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3),
+                          _mm256_set1_epi32(static_cast<int32_t>(key.word[1])));
+    c3 = lo0;
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), c0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8), c1);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), c2);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 24), c3);
+}
+
+// DrawScalar over groups of 32 tokens (8 Philox blocks, drawn together when any token of the
+// group may still win); returns where the scalar tail starts.
+SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_t top,
+                               uint32_t span, const RowParams& p, const PhiloxKey& key,
+                               Best& best) {
+  const float* bound = Bounds().bound;
+  const __m256i topv = _mm256_set1_epi32(static_cast<int32_t>(top));
+  const __m256i spanv = _mm256_set1_epi32(static_cast<int32_t>(span));
+  const __m256 above = _mm256_set1_ps(kGumbelAbove);
+  alignas(32) uint32_t words[32];
+  int64_t j0 = 0;
+  // Block counters must not wrap their low 32 bits within a group (tokens < 2^34 never do).
+  if (static_cast<uint64_t>(begin + n) >= (uint64_t{1} << 34)) return 0;
+  for (; j0 + 32 <= n; j0 += 32) {
+    const __m256 floor = _mm256_set1_ps(best.floor);
+    uint32_t mask = 0;
+    for (int q = 0; q < 4; ++q) {
+      const __m256 v = _mm256_loadu_ps(z + j0 + 8 * q);
+      const uint32_t in = KeysInRange8(v, topv, spanv);
+      const uint32_t reach = static_cast<uint32_t>(
+          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_add_ps(v, above), floor, _CMP_GE_OQ)));
+      mask |= (in & reach) << (8 * q);
+    }
+    if (mask == 0) continue;
+    Philox8(static_cast<uint64_t>(begin + j0) >> 2, p.position, key, words);
+    for (; mask != 0; mask &= mask - 1) {
+      const int t = __builtin_ctz(mask);  // token j0 + t: word t % 4 of block t / 4
+      best.Offer(z[j0 + t], words[(t & 3) * 8 + (t >> 2)], begin + j0 + t, bound);
+    }
+  }
+  return j0;
+}
+#endif
+
+}  // namespace
+
 void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
   float* z = Scratch().x.data();
   const RowParams& p = r.p;
   const PhiloxKey key = PhiloxKeyFromSeed(p.seed);
-  const float* bound = Bounds().bound;
-  int64_t best = -1;
-  float best_score = 0.0f;
+  Best best;
   // The row's maximum token always survives and scores at least mx - 2.82.
-  float floor = r.mx - kGumbelBelow;
+  best.floor = r.mx - kGumbelBelow;
   const uint32_t top = KeyOf(r.mx);
   const uint32_t span = r.draw_key - top;
+  const bool avx2 = UseAvx2();
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
-    LoadChunk(args, row, begin, n, z);
     if (r.plan == Plan::kTopTiesDraw) {
+      LoadChunk(args, row, begin, n, z);
       for (int64_t j = 0; j < n; ++j) {
         if (z[j] != r.top_x) continue;  // x: not scaled on this plan
         const float score = GumbelNoise(p.seed, p.position, static_cast<uint64_t>(begin + j));
-        if (best < 0 || score > best_score) {
-          best = begin + j;
-          best_score = score;
+        if (best.id < 0 || score > best.score) {
+          best.id = begin + j;
+          best.score = score;
         }
       }
       continue;
     }
-    Scale(z, n, p.temperature);
-    // Blocks of 4 tokens share one Philox call (begin is a multiple of 4).
-    for (int64_t j0 = 0; j0 < n; j0 += 4) {
-      const int64_t m = std::min<int64_t>(4, n - j0);
-      bool any = false;
-      for (int64_t i = 0; i < m; ++i) {
-        const float v = z[j0 + i];
-        any |= KeyOf(v) - top <= span && !(v + kGumbelAbove < floor);
-      }
-      if (!any) continue;
-      const PhiloxCounter bits =
-          Philox4x32x10(PhiloxCounterFor(p.position, static_cast<uint64_t>(begin + j0)), key);
-      for (int64_t i = 0; i < m; ++i) {
-        const float v = z[j0 + i];
-        if (KeyOf(v) - top > span) continue;
-        const uint32_t w = bits.word[i];
-        if (v + bound[w >> kNoiseBucketShift] < floor) continue;
-        const float score = v + GumbelFromUniform(UniformFromBits(w));
-        if (best < 0 || score > best_score) {
-          best = begin + j0 + i;
-          best_score = score;
-          floor = std::max(floor, score);
-        }
-      }
-    }
+    LoadScaled(args, row, begin, n, p.temperature, z);
+    int64_t j = 0;
+#if SAMPLERD_CPU_FAST_X86
+    if (avx2) j = DrawAvx2(z, begin, n, top, span, p, key, best);
+#endif
+    DrawScalar(z, begin, j, n, top, span, p, key, best);
   }
-  if (best < 0) return;
+  if (best.id < 0) return;
   std::lock_guard<std::mutex> lock(r.mu);
-  r.Offer(best_score, best);
+  r.Offer(best.score, best.id);
 }
 
 void DrawSorted(int64_t kept, RowState& r) {

@@ -8,6 +8,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu_fast/cpu_features.h"
+
+#if SAMPLERD_CPU_FAST_X86
+#include <immintrin.h>
+#endif
+
 namespace samplerd::kernels::cpu_fast_internal {
 
 inline constexpr double kMassScale = 0x1p62;  // masses exp(z - mx) <= 1 as integers
@@ -57,6 +63,48 @@ inline uint64_t QuantisedMass(float z, float mx) {
   if (!(x >= -44.0)) return 0;
   return static_cast<uint64_t>(static_cast<int64_t>(ExpNonPositive(x) * kMassScale));
 }
+
+#if SAMPLERD_CPU_FAST_X86
+// QuantisedMass of four tokens, x = (double)z - mx per lane: the same double operations in the
+// same order as ExpNonPositive (bit-identical results), the table read by a gather and the
+// truncation to an integer done on the bits (AVX2 has no double -> int64 conversion).
+SAMPLERD_AVX2 inline __m256i QuantisedMass4(__m256d x) {
+  constexpr double kInvLn2N = 64.0 / 0.69314718055994530942;
+  constexpr double kLn2HiN = 0x1.62e42fefa0000p-7;
+  constexpr double kLn2LoN = 0x1.cf79abc9e3b3ap-46;
+  constexpr double kShift = 0x1.8p52;
+  const __m256d shift = _mm256_set1_pd(kShift);
+  const __m256d kd_shifted = _mm256_add_pd(_mm256_mul_pd(x, _mm256_set1_pd(kInvLn2N)), shift);
+  const __m256i ki = _mm256_castpd_si256(kd_shifted);
+  const __m256d kd = _mm256_sub_pd(kd_shifted, shift);
+  const __m256d r = _mm256_sub_pd(_mm256_sub_pd(x, _mm256_mul_pd(kd, _mm256_set1_pd(kLn2HiN))),
+                                  _mm256_mul_pd(kd, _mm256_set1_pd(kLn2LoN)));
+  // Bits 6..17 of ki are those of the scalar path's sign-extended k; nothing else survives the
+  // shift to the exponent field.
+  const __m256i index = _mm256_and_si256(ki, _mm256_set1_epi64x(63));
+  const __m256d table = _mm256_i64gather_pd(Exp2Table().value, index, 8);
+  const __m256d scale = _mm256_castsi256_pd(_mm256_add_epi64(
+      _mm256_castpd_si256(table), _mm256_slli_epi64(_mm256_srli_epi64(ki, 6), 52)));
+  const __m256d r2 = _mm256_mul_pd(r, r);
+  __m256d inner = _mm256_add_pd(_mm256_set1_pd(1.0 / 120), _mm256_mul_pd(r, _mm256_set1_pd(1.0 / 720)));
+  inner = _mm256_add_pd(_mm256_set1_pd(1.0 / 24), _mm256_mul_pd(r, inner));
+  inner = _mm256_add_pd(_mm256_set1_pd(1.0 / 6), _mm256_mul_pd(r, inner));
+  inner = _mm256_add_pd(_mm256_set1_pd(0.5), _mm256_mul_pd(r, inner));
+  const __m256d poly =
+      _mm256_add_pd(_mm256_add_pd(_mm256_set1_pd(1.0), r), _mm256_mul_pd(r2, inner));
+  const __m256d v = _mm256_mul_pd(_mm256_mul_pd(scale, poly), _mm256_set1_pd(kMassScale));
+  // trunc(v) for v in [0, 2^63): the mantissa shifted by (biased exponent - 1075); the shift
+  // the other way is out of range (0) in each lane.
+  const __m256i bits = _mm256_castpd_si256(v);
+  const __m256i exponent = _mm256_srli_epi64(bits, 52);
+  const __m256i mantissa = _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x((1LL << 52) - 1)),
+                                           _mm256_set1_epi64x(1LL << 52));
+  const __m256i up = _mm256_sllv_epi64(mantissa, _mm256_sub_epi64(exponent, _mm256_set1_epi64x(1075)));
+  const __m256i down = _mm256_srlv_epi64(mantissa, _mm256_sub_epi64(_mm256_set1_epi64x(1075), exponent));
+  const __m256i in_range = _mm256_castpd_si256(_mm256_cmp_pd(x, _mm256_set1_pd(-44.0), _CMP_GE_OQ));
+  return _mm256_and_si256(_mm256_or_si256(up, down), in_range);
+}
+#endif
 
 }  // namespace samplerd::kernels::cpu_fast_internal
 

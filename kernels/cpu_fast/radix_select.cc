@@ -5,10 +5,15 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/gumbel_draw.h"
 #include "kernels/cpu_fast/order_keys.h"
 #include "kernels/cpu_fast/quantised_mass.h"
 #include "kernels/cpu_fast/row_chunks.h"
+
+#if SAMPLERD_CPU_FAST_X86
+#include <immintrin.h>
+#endif
 
 namespace samplerd::kernels::cpu_fast_internal {
 namespace {
@@ -68,6 +73,189 @@ void FinishGathered(int64_t gather_cap, RowState& r) {
   r.token = static_cast<int32_t>(r.best_id);
 }
 
+// The draw over every survivor, keys <= p_key (top-p) and the other thresholds.
+void PlanDraw(uint32_t p_key, RowState& r) {
+  r.plan = Plan::kDraw;
+  r.draw_key = std::min({p_key, KeyOf(std::max(r.min_threshold, r.min_finite)),
+                         KeyOf(std::max(r.k_threshold, r.min_finite))});
+}
+
+// Starts the top-p stage after a top-k stage whose survivors number `survivors`.
+void StartTopP(int64_t gather_cap, int64_t survivors, RowState& r) {
+  r.stage = Stage::kTopP;
+  r.stage_count = r.joint ? -1 : survivors;  // JOINT: the stage is every finite z
+  StartStage(gather_cap, r);
+}
+
+// The gathered tokens are exactly the boundary bin's, below count_above tokens of mass
+// mass_above: find the stage's threshold among them, then start top-p or draw over the row.
+void FinishBoundary(int64_t gather_cap, RowState& r) {
+  std::vector<Candidate>& c = r.candidates;
+  std::sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) {
+    return a.z > b.z || (a.z == b.z && a.id < b.id);
+  });
+  const int64_t n = static_cast<int64_t>(c.size());
+  if (r.stage == Stage::kTopK) {
+    // count_above < k <= count_above + n, so the k-th value is here.
+    const int64_t need = r.p.top_k - r.count_above;
+    r.k_threshold = c[need - 1].z;
+    int64_t kept = need;
+    while (kept < n && c[kept].z == r.k_threshold) ++kept;  // ties with the k-th value stay
+    if (r.need_p) return StartTopP(gather_cap, r.count_above + kept, r);
+    return PlanDraw(UINT32_MAX, r);
+  }
+  // Top-p: the mass strictly above the first token is mass_above < limit, so it stays; a later
+  // tie group stays while the mass above it is < limit (Advance's rule, token by token).
+  const double limit = static_cast<double>(r.p.top_p) * static_cast<double>(r.total);
+  Mass above = r.mass_above;
+  int64_t i = 0;
+  for (; i < n; ++i) {
+    if (i > 0 && c[i].z != c[i - 1].z && !(static_cast<double>(above) < limit)) break;
+    above += QuantisedMass(c[i].z, r.mx);
+  }
+  PlanDraw(KeyOf(c[i - 1].z), r);
+}
+
+// The smallest key in [r.lo, r.hi + 1] whose grid bin is >= b (keys grow as z falls, and the
+// bins with them).
+uint32_t FirstKeyOfGridBin(int b, const RowState& r) {
+  uint64_t lo = r.lo;
+  uint64_t hi = static_cast<uint64_t>(r.hi) + 1;
+  while (lo < hi) {
+    const uint64_t mid = (lo + hi) / 2;
+    if (GridBin(ValueOf(static_cast<uint32_t>(mid)), r.mx) >= b) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return static_cast<uint32_t>(lo);
+}
+
+// Grid bins + 1 of z[0, n) into bins (0 for tokens below `floor`, outside the stage) and, with
+// kMasses, their quantised masses into masses.
+template <bool kMasses>
+void GridBinsScalar(const float* z, int64_t begin, int64_t n, float mx, float floor,
+                    int32_t* bins, uint64_t* masses) {
+  for (int64_t j = begin; j < n; ++j) {
+    const bool in = z[j] >= floor;
+    bins[j] = in ? GridBin(z[j], mx) + 1 : 0;
+    if (kMasses) masses[j] = in ? QuantisedMass(z[j], mx) : 0;
+  }
+}
+
+#if SAMPLERD_CPU_FAST_X86
+template <bool kMasses>
+SAMPLERD_AVX2 void GridBinsAvx2(const float* z, int64_t n, float mx, float floor, int32_t* bins,
+                                uint64_t* masses) {
+  const __m256 mxv = _mm256_set1_ps(mx);
+  const __m256 floorv = _mm256_set1_ps(floor);
+  const __m256 grid_logits = _mm256_set1_ps(kGridLogits);
+  const __m256 per_logit = _mm256_set1_ps(kGridBinsPerLogit);
+  const __m256 below_grid = _mm256_castsi256_ps(_mm256_set1_epi32(kGridBins));
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256d mxd = _mm256_set1_pd(static_cast<double>(mx));
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(z + j);
+    const __m256 in = _mm256_cmp_ps(v, floorv, _CMP_GE_OQ);
+    const __m256 d = _mm256_sub_ps(mxv, v);
+    const __m256 on_grid = _mm256_cmp_ps(d, grid_logits, _CMP_LT_OQ);
+    const __m256 bin = _mm256_blendv_ps(
+        below_grid, _mm256_castsi256_ps(_mm256_cvttps_epi32(_mm256_mul_ps(d, per_logit))),
+        on_grid);
+    const __m256i bin1 = _mm256_and_si256(_mm256_add_epi32(_mm256_castps_si256(bin), one),
+                                          _mm256_castps_si256(in));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bins + j), bin1);
+    if (kMasses) {
+      const __m256i in64_lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(_mm256_castps_si256(in)));
+      const __m256i in64_hi =
+          _mm256_cvtepi32_epi64(_mm256_extracti128_si256(_mm256_castps_si256(in), 1));
+      const __m256i m0 = QuantisedMass4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), mxd));
+      const __m256i m1 = QuantisedMass4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), mxd));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(masses + j), _mm256_and_si256(m0, in64_lo));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(masses + j + 4), _mm256_and_si256(m1, in64_hi));
+    }
+  }
+  GridBinsScalar<kMasses>(z, j, n, mx, floor, bins, masses);
+}
+#endif
+
+#if SAMPLERD_CPU_FAST_X86
+// Appends the tokens of z[0, n) with KeyOf(z) - lo <= span to `out`, 8 at a time; returns how
+// many tokens it looked at (the rest, < 8, are the caller's).
+SAMPLERD_AVX2 int64_t GatherAvx2(const float* z, int64_t begin, int64_t n, uint32_t lo,
+                                 uint32_t span, std::vector<Candidate>& out) {
+  const __m256i lov = _mm256_set1_epi32(static_cast<int32_t>(lo));
+  const __m256i spanv = _mm256_set1_epi32(static_cast<int32_t>(span));
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    uint32_t mask = KeysInRange8(_mm256_loadu_ps(z + j), lov, spanv);
+    for (; mask != 0; mask &= mask - 1) {
+      const int64_t i = j + __builtin_ctz(mask);
+      out.push_back({z[i], static_cast<int32_t>(begin + i)});
+    }
+  }
+  return j;
+}
+#endif
+
+// The grid pass over chunks [c0, c1) of a row: counts (and masses) per grid bin into r.
+void GridHistogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
+  ThreadScratch& t = Scratch();
+  float* z = t.x.data();
+  int32_t* bins = t.bins.data();
+  uint64_t* masses = t.masses.data();
+  int64_t* counts = t.grid_counts.data();
+  Mass* mass = t.grid_mass.data();
+  const bool with_masses = r.Masses();
+  const float floor = ValueOf(r.hi);
+  const bool avx2 = UseAvx2();
+  int32_t last = 0;  // the highest bin + 1 used
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t begin = c * kChunk;
+    const int64_t n = std::min(kChunk, args.vocab - begin);
+    LoadScaled(args, row, begin, n, r.p.temperature, z);
+#if SAMPLERD_CPU_FAST_X86
+    if (avx2) {
+      if (with_masses) {
+        GridBinsAvx2<true>(z, n, r.mx, floor, bins, masses);
+      } else {
+        GridBinsAvx2<false>(z, n, r.mx, floor, bins, masses);
+      }
+    }
+#endif
+    if (!avx2) {
+      if (with_masses) {
+        GridBinsScalar<true>(z, 0, n, r.mx, floor, bins, masses);
+      } else {
+        GridBinsScalar<false>(z, 0, n, r.mx, floor, bins, masses);
+      }
+    }
+    if (with_masses) {
+      for (int64_t j = 0; j < n; ++j) {
+        ++counts[bins[j]];
+        mass[bins[j]] += masses[j];
+        last = std::max(last, bins[j]);
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        ++counts[bins[j]];
+        last = std::max(last, bins[j]);
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (int32_t b = 1; b <= last; ++b) r.counts[b - 1] += counts[b];
+    if (with_masses) {
+      for (int32_t b = 1; b <= last; ++b) r.mass[b - 1] += mass[b];
+    }
+  }
+  std::fill(counts, counts + last + 1, 0);
+  std::fill(mass, mass + last + 1, 0);
+}
+
 }  // namespace
 
 void StartStage(int64_t gather_cap, RowState& r) {
@@ -79,16 +267,19 @@ void StartStage(int64_t gather_cap, RowState& r) {
   r.count_above = 0;
   r.mass_above = 0;
   r.total = 0;
+  r.boundary_only = false;
   if (r.stage == Stage::kTopP && r.stage_count >= 0 && r.stage_count <= gather_cap) {
     r.pass = Pass::kGather;  // few tokens: gather them all, the total comes from them
+    r.gather_lo = top;
     r.gather_hi = bottom;
     return;
   }
   r.stage_count = -1;
-  r.SetRange(top, bottom);
+  r.SetGrid(top, bottom);
 }
 
 void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
+  if (r.grid) return GridHistogram(args, row, c0, c1, r);
   ThreadScratch& t = Scratch();
   float* z = t.x.data();
   const uint32_t lo = r.lo;
@@ -101,8 +292,7 @@ void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowS
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
-    LoadChunk(args, row, begin, n, z);
-    Scale(z, n, r.p.temperature);
+    LoadScaled(args, row, begin, n, r.p.temperature, z);
     for (int64_t j = 0; j < n; ++j) {
       const uint32_t offset = KeyOf(z[j]) - lo;
       if (offset > span) continue;
@@ -121,15 +311,19 @@ void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowS
 void Gather(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
   ThreadScratch& t = Scratch();
   float* z = t.x.data();
-  const uint32_t top = KeyOf(r.mx);
+  const uint32_t top = r.gather_lo;
   const uint32_t span = r.gather_hi - top;
+  const bool avx2 = UseAvx2();
   t.candidates.clear();
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
-    LoadChunk(args, row, begin, n, z);
-    Scale(z, n, r.p.temperature);
-    for (int64_t j = 0; j < n; ++j) {
+    LoadScaled(args, row, begin, n, r.p.temperature, z);
+    int64_t j = 0;
+#if SAMPLERD_CPU_FAST_X86
+    if (avx2) j = GatherAvx2(z, begin, n, top, span, t.candidates);
+#endif
+    for (; j < n; ++j) {
       if (KeyOf(z[j]) - top <= span) {
         t.candidates.push_back({z[j], static_cast<int32_t>(begin + j)});
       }
@@ -140,7 +334,9 @@ void Gather(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowStat
 }
 
 void Advance(int64_t gather_cap, RowState& r) {
-  if (r.pass == Pass::kGather) return FinishGathered(gather_cap, r);
+  if (r.pass == Pass::kGather) {
+    return r.boundary_only ? FinishBoundary(gather_cap, r) : FinishGathered(gather_cap, r);
+  }
   const bool top_p = r.stage == Stage::kTopP;
   if (top_p && r.total == 0) {  // the first pass of a top-p stage: its total
     for (int b = 0; b < r.bins; ++b) r.total += r.mass[b];
@@ -157,10 +353,18 @@ void Advance(int64_t gather_cap, RowState& r) {
     cumulative += r.mass[b];
     const bool reached = top_p ? static_cast<double>(cumulative) >= limit : count >= r.p.top_k;
     if (!reached) continue;
-    const uint32_t bin_lo = r.lo + (static_cast<uint32_t>(b) << r.shift);
-    const uint32_t bin_hi = std::min(r.hi, bin_lo + ((1u << r.shift) - 1));
-    if (count <= gather_cap) {
+    uint32_t bin_lo, bin_hi;
+    if (r.grid) {
+      bin_lo = FirstKeyOfGridBin(b, r);
+      bin_hi = b == kGridBins ? r.hi : FirstKeyOfGridBin(b + 1, r) - 1;
+    } else {
+      bin_lo = r.lo + (static_cast<uint32_t>(b) << r.shift);
+      bin_hi = std::min(r.hi, bin_lo + ((1u << r.shift) - 1));
+    }
+    if (count <= gather_cap) {  // gather every token down to the bin
       r.pass = Pass::kGather;
+      r.boundary_only = false;
+      r.gather_lo = KeyOf(r.mx);
       r.gather_hi = bin_hi;
       r.candidates.clear();
       return;
@@ -168,6 +372,14 @@ void Advance(int64_t gather_cap, RowState& r) {
     if (bin_lo != bin_hi) {
       r.count_above = before_count;
       r.mass_above = before_mass;
+      if (r.counts[b] <= gather_cap) {  // gather the bin alone
+        r.pass = Pass::kGather;
+        r.boundary_only = true;
+        r.gather_lo = bin_lo;
+        r.gather_hi = bin_hi;
+        r.candidates.clear();
+        return;
+      }
       r.SetRange(bin_lo, bin_hi);
       return;
     }
@@ -186,13 +398,8 @@ void Advance(int64_t gather_cap, RowState& r) {
     r.need_k = false;
     r.stage_count = count;
   }
-  if (!top_p && r.need_p) {
-    r.stage = Stage::kTopP;
-    return StartStage(gather_cap, r);
-  }
-  r.plan = Plan::kDraw;
-  r.draw_key = std::min({p_key, KeyOf(std::max(r.min_threshold, r.min_finite)),
-                         KeyOf(std::max(r.k_threshold, r.min_finite))});
+  if (!top_p && r.need_p) return StartTopP(gather_cap, r.stage_count, r);
+  PlanDraw(p_key, r);
 }
 
 }  // namespace samplerd::kernels::cpu_fast_internal

@@ -17,7 +17,13 @@ namespace samplerd::kernels::cpu_fast_internal {
 
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 inline constexpr int kBinBits = 10;
-inline constexpr int kMaxBins = 1 << kBinBits;  // bins of one histogram pass
+inline constexpr int kMaxBins = 1 << kBinBits;  // bins of one radix histogram pass
+// The first pass of a stage bins z on a fixed grid below the row max instead (radix_select.h):
+// bin floor((mx - z) * kGridBinsPerLogit) while mx - z < kGridLogits, else kGridBins.
+inline constexpr float kGridBinsPerLogit = 64.0f;
+inline constexpr float kGridLogits = 44.0f;  // masses below exp(-44) quantise to 0
+inline constexpr int kGridBins = 2816;       // 44 * 64: the index of the bin below the grid
+inline constexpr int kHistBins = kGridBins + 1;  // >= kMaxBins: bins of any histogram pass
 
 // A sum of quantised masses (quantised_mass.h); wide enough for any vocabulary.
 using Mass = unsigned __int128;
@@ -31,6 +37,12 @@ enum class Plan : uint8_t {
 
 enum class Stage : uint8_t { kTopK, kTopP };
 enum class Pass : uint8_t { kHistogram, kGather };
+
+// The grid bin of z below the row max mx (z <= mx); non-decreasing as z decreases.
+inline int GridBin(float z, float mx) {
+  const float d = mx - z;
+  return d < kGridLogits ? static_cast<int>(d * kGridBinsPerLogit) : kGridBins;
+}
 
 // A gathered token.
 struct Candidate {
@@ -55,16 +67,19 @@ struct RowState {
   // Selection state of the current stage: its tokens are the keys in [KeyOf(mx), stage_hi].
   Stage stage = Stage::kTopK;
   Pass pass = Pass::kHistogram;
+  bool grid = false;        // histogram pass on the grid (GridBin) over keys [lo, hi]
   uint32_t lo = 0, hi = 0;  // histogram key range
   int shift = 0;
   int bins = 0;
   int64_t count_above = 0;  // stage tokens with key < lo
   Mass mass_above = 0;
   Mass total = 0;            // top-p: mass of all the stage's tokens
-  uint32_t gather_hi = 0;    // gather pass: keys <= this
+  uint32_t gather_lo = 0;    // gather pass: keys in [gather_lo, gather_hi]
+  uint32_t gather_hi = 0;
+  bool boundary_only = false;  // the gather holds one bin, below count_above / mass_above
   int64_t stage_count = -1;  // tokens of the stage when known, else -1
-  std::vector<int64_t> counts = std::vector<int64_t>(kMaxBins);
-  std::vector<Mass> mass = std::vector<Mass>(kMaxBins);
+  std::vector<int64_t> counts = std::vector<int64_t>(kHistBins);
+  std::vector<Mass> mass = std::vector<Mass>(kHistBins);
   std::vector<Candidate> candidates;
   uint32_t draw_key = 0;  // survivors: keys <= this
   float best_score = 0.0f;
@@ -91,6 +106,18 @@ struct RowState {
     shift = std::max(0, width - kBinBits);
     bins = static_cast<int>(span >> shift) + 1;
     pass = Pass::kHistogram;
+    grid = false;
+    std::fill(counts.begin(), counts.begin() + bins, 0);
+    std::fill(mass.begin(), mass.begin() + bins, 0);
+  }
+
+  // Starts a grid histogram pass over keys [range_lo, range_hi] (range_lo = KeyOf(mx)).
+  void SetGrid(uint32_t range_lo, uint32_t range_hi) {
+    lo = range_lo;
+    hi = range_hi;
+    bins = kGridBins + 1;
+    pass = Pass::kHistogram;
+    grid = true;
     std::fill(counts.begin(), counts.begin() + bins, 0);
     std::fill(mass.begin(), mass.begin() + bins, 0);
   }
@@ -102,6 +129,12 @@ struct ThreadScratch {
   std::vector<int64_t> counts = std::vector<int64_t>(kMaxBins);
   std::vector<Mass> mass = std::vector<Mass>(kMaxBins);
   std::vector<Candidate> candidates;
+  // Grid passes: bin b at index b + 1, index 0 takes the tokens outside the stage. All zero
+  // between passes (a pass clears the bins it used).
+  std::vector<int64_t> grid_counts = std::vector<int64_t>(kGridBins + 2);
+  std::vector<Mass> grid_mass = std::vector<Mass>(kGridBins + 2);
+  std::vector<int32_t> bins = std::vector<int32_t>(kChunk);    // a chunk's grid bins + 1
+  std::vector<uint64_t> masses = std::vector<uint64_t>(kChunk);  // and quantised masses
 };
 
 // The calling thread's scratch (thread_local, allocated at its first use).
