@@ -52,16 +52,6 @@ __device__ __forceinline__ int TopBin(float row_max, float z) {
   return d < static_cast<float>(kHistBins - 1) ? static_cast<int>(d) : kHistBins - 1;
 }
 
-__device__ __forceinline__ uint32_t WaveOr(uint32_t v) {
-  for (int o = kWaveSize / 2; o > 0; o >>= 1) v |= __shfl_xor(v, o, kWaveSize);
-  return v;
-}
-
-__device__ __forceinline__ uint32_t WaveAnd(uint32_t v) {
-  for (int o = kWaveSize / 2; o > 0; o >>= 1) v &= __shfl_xor(v, o, kWaveSize);
-  return v;
-}
-
 // The summary a top-k row needs, by the block's first wave with shuffles (thread 0 alone cost
 // ~6,000 cycles at 19 chunks): the max z, for JOINT top-p the sum of exp(z - max), each chunk's
 // first candidate (offset[c], offset[chunks] = the total), and the row's CandidatePath. Every

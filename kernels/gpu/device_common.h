@@ -143,6 +143,18 @@ __device__ __forceinline__ uint64_t WaveSumU64(uint64_t v) {
   }
   return v;
 }
+__device__ __forceinline__ uint32_t WaveOr(uint32_t v) {
+  for (int o = kWaveSize / 2; o > 0; o >>= 1) v |= __shfl_xor(v, o, kWaveSize);
+  return v;
+}
+__device__ __forceinline__ uint32_t WaveAnd(uint32_t v) {
+  for (int o = kWaveSize / 2; o > 0; o >>= 1) v &= __shfl_xor(v, o, kWaveSize);
+  return v;
+}
+__device__ __forceinline__ int WaveMinInt(int v) {
+  for (int o = kWaveSize / 2; o > 0; o >>= 1) v = min(v, __shfl_xor(v, o, kWaveSize));
+  return v;
+}
 __device__ __forceinline__ ArgMaxPair WaveArgMax(ArgMaxPair v) {
   for (int o = kWaveSize / 2; o > 0; o >>= 1) {
     const ArgMaxPair other{

@@ -242,13 +242,11 @@ __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawPa
   __shared__ MassDrawShared sh;
   __shared__ typename BlockReduce<kMassDrawThreads>::Storage reduce;
   const int64_t row = blockIdx.y;
-  // Launched dependent on RowFinishKernel, which writes the plans. Every block waits for it,
-  // also one with nothing to do: a kernel that ends before RowFinishKernel would let the next
-  // launch on the stream start while RowFinishKernel still reads the workspace.
-  const bool skipped = p.rows.Skipped(row);  // device sessions: a row past the step's batch
-  const RowParams params = p.rows.Params(skipped ? 0 : row);
-  GridWaitPrerequisites();
-  if (skipped || !IsMassRow(params, p.rows.vocab, p.mass.enabled)) return;
+  // A plain launch after RowFinishKernel, which writes the plans: launched dependent on it, its
+  // waiting blocks cost top-p ~10% at B = 8, V = 262,144 and gained nothing elsewhere (v16).
+  if (p.rows.Skipped(row)) return;  // device sessions: a row past the step's batch
+  const RowParams params = p.rows.Params(row);
+  if (!IsMassRow(params, p.rows.vocab, p.mass.enabled)) return;
   const MassPlan plan = p.mass.plan[row];
   if (plan.path != MassPath::kTwoPass) return;
   const void* row_ptr = p.rows.Row<kDType>(row);

@@ -157,6 +157,52 @@ __device__ inline bool TiedAtRowMax(const ChunkStats* staged, int chunks, float 
   return true;
 }
 
+// The token of a row that pass 1 already decided (greedy, or drawn in the chunk pass), when the
+// row is ordinary: no NaN, a token above -inf and, for a drawn row, a finite max z. The same
+// choice as CombineChunks, made by the block's first wave with shuffles (thread 0 alone spent
+// ~6,000 cycles on CombineChunks at 19 chunks, NOTES.md v16): greedy takes the argmax of the
+// first chunk holding the row's max x, a drawn row the best z + G (a total order, so the
+// reduction's shape does not matter). -1 for a row that is not ordinary: the general finish
+// gives it its status. Every thread must call; one barrier.
+__device__ inline int64_t PassOneToken(const ChunkStats* stats, int chunks, bool greedy,
+                                       int64_t* slot) {
+  if (threadIdx.x < static_cast<unsigned>(kWaveSize)) {
+    const int lane = static_cast<int>(threadIdx.x);
+    float max_x = -kInfF, max_z = -kInfF;
+    uint32_t odd = 0, finite = 0;
+    ArgMaxPair drawn{-kInfF, INT64_MAX};
+    for (int k = lane; k < chunks; k += kWaveSize) {
+      const ChunkStats& s = stats[k];
+      max_x = fmaxf(max_x, s.max_x);
+      max_z = fmaxf(max_z, s.max_z);
+      odd |= s.nan_count | (greedy ? 0u : s.pos_inf_z);
+      finite |= s.not_neg_inf_x;
+      const ArgMaxPair chunk_best{s.best_score, s.best_index};
+      if (Better(chunk_best, drawn)) drawn = chunk_best;
+    }
+    max_x = WaveMax(max_x);
+    const bool ordinary = WaveOr(odd) == 0 && WaveOr(finite) != 0;
+    int64_t token = -1;
+    if (greedy) {
+      int first = chunks;
+      for (int k = lane; k < chunks; k += kWaveSize) {
+        if (stats[k].not_neg_inf_x > 0 && stats[k].max_x == max_x) {
+          first = k;
+          break;
+        }
+      }
+      first = WaveMinInt(first);
+      if (ordinary && first < chunks && lane == 0) token = stats[first].argmax_x;
+    } else {
+      drawn = WaveArgMax(drawn);
+      if (ordinary && WaveMax(max_z) > -kInfF) token = drawn.index;
+    }
+    if (lane == 0) *slot = token;
+  }
+  __syncthreads();
+  return *slot;
+}
+
 // kTopTies: max x / T is not finite, so the row is uniform over the tokens at the max x.
 enum class DrawKind : uint8_t { kPointMass, kTopTies, kFiltered };
 
@@ -172,6 +218,7 @@ struct FinishShared {
   BlockReduce<kFinishThreads>::Storage reduce;
   RowSummary summary;
   CandidateScratch candidates;  // top-k rows (candidate_finish.h)
+  int64_t pass_one_token;       // PassOneToken
 };
 
 // Gumbel-max over the items of `source` with key >= lo: argmax of z + G (or of G alone when

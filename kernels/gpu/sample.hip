@@ -98,9 +98,9 @@ template <DType kDType>
 __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
   __shared__ FinishShared sh;
   const int64_t row = blockIdx.x;
-  GridLaunchDependents();  // MassDrawKernel may start its prologue now
   // Launched dependent on ChunkPassKernel, whose stats are read below. Every block waits for
-  // it, also a skipped one (see MassDrawKernel).
+  // it, also a skipped one: a kernel that ends before ChunkPassKernel would let the next launch
+  // on the stream start while ChunkPassKernel still writes the workspace.
   const bool skipped = p.rows.Skipped(row);  // device sessions: a row past the step's batch
   const RowParams params = p.rows.Params(skipped ? 0 : row);
   GridWaitPrerequisites();
@@ -114,6 +114,18 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   const ChunkStats* stats = p.stats + row * p.rows.chunks;
   const uint32_t* candidate_key = p.candidate_key + row * p.rows.chunks * kCandidateCap;
   const int32_t* candidate_index = p.candidate_index + row * p.rows.chunks * kCandidateCap;
+  if (p.top_logprobs < 0 && (IsGreedy(params) || DrawsInChunkPass(params, p.rows.vocab))) {
+    // Pass 1 decided the token; the chunk stats only have to be combined (v16).
+    const int64_t token =
+        PassOneToken(stats, p.rows.chunks, IsGreedy(params), &sh.pass_one_token);
+    if (token >= 0) {
+      if (threadIdx.x == 0) {
+        p.token_ids[row] = static_cast<int32_t>(token);
+        p.status[row] = RowStatus::kOk;
+      }
+      return;
+    }
+  }
   if (p.top_logprobs < 0 && UsesCandidates(params, p.rows.vocab)) {
     // The common top-k row, on the short path (candidate_finish.h): most of the general
     // finish below is a chain of serial steps and barriers that these rows do not need (v14).
@@ -430,9 +442,9 @@ int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinish
   LaunchDependent(RowFinishKernel<kDType>, dim3(static_cast<unsigned>(args.batch)), kFinishThreads,
                   stream, finish);
   if (draw.mass.enabled && chunk.rows.procs.active()) {
-    LaunchDependent(MassDrawKernel<kDType, true>, grid, kMassDrawThreads, stream, draw);
+    MassDrawKernel<kDType, true><<<grid, kMassDrawThreads, 0, stream>>>(draw);
   } else if (draw.mass.enabled) {
-    LaunchDependent(MassDrawKernel<kDType, false>, grid, kMassDrawThreads, stream, draw);
+    MassDrawKernel<kDType, false><<<grid, kMassDrawThreads, 0, stream>>>(draw);
   }
   return static_cast<int>(hipGetLastError());
 }
