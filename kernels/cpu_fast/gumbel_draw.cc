@@ -98,13 +98,12 @@ SAMPLERD_AVX2 inline void MulHiLo8(__m256i a, __m256i m, __m256i& hi, __m256i& l
   lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
 }
 
-// Philox4x32x10 of the 8 blocks first_block .. first_block + 7 (low 32 bits not wrapping) at
-// `position`: word i of block b in out[i * 8 + b]. Integer ops only: the scalar function's bits.
-SAMPLERD_AVX2 void Philox8(uint64_t first_block, uint64_t position, PhiloxKey key,
+// Philox4x32x10 of the 8 blocks block[0, 8) (counters {block, 0, position}) : word i of
+// block b in out[i * 8 + b]. Integer ops only: the scalar function's bits.
+SAMPLERD_AVX2 void Philox8(const uint32_t* block, uint64_t position, PhiloxKey key,
                            uint32_t* out) {
-  __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(first_block)),
-                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256i c1 = _mm256_set1_epi32(static_cast<int32_t>(first_block >> 32));
+  __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+  __m256i c1 = _mm256_setzero_si256();
   __m256i c2 = _mm256_set1_epi32(static_cast<int32_t>(position));
   __m256i c3 = _mm256_set1_epi32(static_cast<int32_t>(position >> 32));
   const __m256i m0 = _mm256_set1_epi32(static_cast<int32_t>(kPhiloxM0));
@@ -130,34 +129,51 @@ SAMPLERD_AVX2 void Philox8(uint64_t first_block, uint64_t position, PhiloxKey ke
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 24), c3);
 }
 
-// DrawScalar over groups of 32 tokens (8 Philox blocks, drawn together when any token of the
-// group may still win); returns where the scalar tail starts.
+// DrawScalar, 8 tokens at a time, 256 at a time in two steps: a branch-free scan lists the
+// blocks of 4 tokens holding a token that may still win (against the floor at the start of
+// the step), then the list is drawn 8 blocks per Philox8 call and its tokens offered in
+// increasing id (against the current floor). Returns where the scalar tail starts.
 SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_t top,
                                uint32_t span, const RowParams& p, const PhiloxKey& key,
                                Best& best) {
-  const float* bound = Bounds().bound;
+  // Block indices must fit 32 bits (the counter's high word is 0 below token 2^34).
+  if (static_cast<uint64_t>(begin + n) >= (uint64_t{1} << 34)) return 0;
+  constexpr int64_t kStep = 256;
   const __m256i topv = _mm256_set1_epi32(static_cast<int32_t>(top));
   const __m256i spanv = _mm256_set1_epi32(static_cast<int32_t>(span));
   const __m256 above = _mm256_set1_ps(kGumbelAbove);
+  const float* bound = Bounds().bound;
+  alignas(32) uint32_t block[kStep / 4 + 8];  // + the padding of the last Philox8 call
+  uint8_t mask[kStep / 4 + 8];
   alignas(32) uint32_t words[32];
   int64_t j0 = 0;
-  // Block counters must not wrap their low 32 bits within a group (tokens < 2^34 never do).
-  if (static_cast<uint64_t>(begin + n) >= (uint64_t{1} << 34)) return 0;
-  for (; j0 + 32 <= n; j0 += 32) {
+  while (j0 + 8 <= n) {
+    const int64_t step_end = std::min(n & ~int64_t{7}, j0 + kStep);
     const __m256 floor = _mm256_set1_ps(best.floor);
-    uint32_t mask = 0;
-    for (int q = 0; q < 4; ++q) {
-      const __m256 v = _mm256_loadu_ps(z + j0 + 8 * q);
-      const uint32_t in = KeysInRange8(v, topv, spanv);
+    int count = 0;
+    for (; j0 < step_end; j0 += 8) {
+      const __m256 v = _mm256_loadu_ps(z + j0);
       const uint32_t reach = static_cast<uint32_t>(
           _mm256_movemask_ps(_mm256_cmp_ps(_mm256_add_ps(v, above), floor, _CMP_GE_OQ)));
-      mask |= (in & reach) << (8 * q);
+      const uint32_t bits = KeysInRange8(v, topv, spanv) & reach;
+      const uint32_t first = static_cast<uint32_t>((begin + j0) / 4);
+      block[count] = first;
+      mask[count] = static_cast<uint8_t>(bits & 15u);
+      count += (bits & 15u) != 0;
+      block[count] = first + 1;
+      mask[count] = static_cast<uint8_t>(bits >> 4);
+      count += (bits >> 4) != 0;
     }
-    if (mask == 0) continue;
-    Philox8(static_cast<uint64_t>(begin + j0) >> 2, p.position, key, words);
-    for (; mask != 0; mask &= mask - 1) {
-      const int t = __builtin_ctz(mask);  // token j0 + t: word t % 4 of block t / 4
-      best.Offer(z[j0 + t], words[(t & 3) * 8 + (t >> 2)], begin + j0 + t, bound);
+    for (int q0 = 0; q0 < count; q0 += 8) {
+      Philox8(block + q0, p.position, key, words);
+      const int m = std::min(8, count - q0);
+      uint32_t bits = 0;  // token i of block q0 + q at bit 4 q + i: one loop in increasing id
+      for (int q = 0; q < m; ++q) bits |= static_cast<uint32_t>(mask[q0 + q]) << (4 * q);
+      for (; bits != 0; bits &= bits - 1) {
+        const int t = __builtin_ctz(bits);
+        const int64_t token = static_cast<int64_t>(block[q0 + (t >> 2)]) * 4 + (t & 3);
+        best.Offer(z[token - begin], words[(t & 3) * 8 + (t >> 2)], token, bound);
+      }
     }
   }
   return j0;
@@ -167,7 +183,7 @@ SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_
 }  // namespace
 
 void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
-  float* z = Scratch().x.data();
+  float* scratch = Scratch().x.data();
   const RowParams& p = r.p;
   const PhiloxKey key = PhiloxKeyFromSeed(p.seed);
   Best best;
@@ -180,9 +196,9 @@ void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, Row
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
     if (r.plan == Plan::kTopTiesDraw) {
-      LoadChunk(args, row, begin, n, z);
+      LoadChunk(args, row, begin, n, scratch);
       for (int64_t j = 0; j < n; ++j) {
-        if (z[j] != r.top_x) continue;  // x: not scaled on this plan
+        if (scratch[j] != r.top_x) continue;  // x: not scaled on this plan
         const float score = GumbelNoise(p.seed, p.position, static_cast<uint64_t>(begin + j));
         if (best.id < 0 || score > best.score) {
           best.id = begin + j;
@@ -191,7 +207,7 @@ void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, Row
       }
       continue;
     }
-    LoadScaled(args, row, begin, n, p.temperature, z);
+    const float* z = ScaledChunk(args, row, begin, n, p.temperature, scratch);
     int64_t j = 0;
 #if SAMPLERD_CPU_FAST_X86
     if (avx2) j = DrawAvx2(z, begin, n, top, span, p, key, best);

@@ -203,7 +203,7 @@ SAMPLERD_AVX2 int64_t GatherAvx2(const float* z, int64_t begin, int64_t n, uint3
 // The grid pass over chunks [c0, c1) of a row: counts (and masses) per grid bin into r.
 void GridHistogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
   ThreadScratch& t = Scratch();
-  float* z = t.x.data();
+  float* scratch = t.x.data();
   int32_t* bins = t.bins.data();
   uint64_t* masses = t.masses.data();
   int64_t* counts = t.grid_counts.data();
@@ -215,7 +215,7 @@ void GridHistogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, 
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
-    LoadScaled(args, row, begin, n, r.p.temperature, z);
+    const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
 #if SAMPLERD_CPU_FAST_X86
     if (avx2) {
       if (with_masses) {
@@ -281,7 +281,7 @@ void StartStage(int64_t gather_cap, RowState& r) {
 void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
   if (r.grid) return GridHistogram(args, row, c0, c1, r);
   ThreadScratch& t = Scratch();
-  float* z = t.x.data();
+  float* scratch = t.x.data();
   const uint32_t lo = r.lo;
   const uint32_t span = r.hi - r.lo;
   const int shift = r.shift;
@@ -292,7 +292,7 @@ void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowS
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
-    LoadScaled(args, row, begin, n, r.p.temperature, z);
+    const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
     for (int64_t j = 0; j < n; ++j) {
       const uint32_t offset = KeyOf(z[j]) - lo;
       if (offset > span) continue;
@@ -310,7 +310,7 @@ void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowS
 
 void Gather(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
   ThreadScratch& t = Scratch();
-  float* z = t.x.data();
+  float* scratch = t.x.data();
   const uint32_t top = r.gather_lo;
   const uint32_t span = r.gather_hi - top;
   const bool avx2 = UseAvx2();
@@ -318,7 +318,7 @@ void Gather(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowStat
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
-    LoadScaled(args, row, begin, n, r.p.temperature, z);
+    const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
     int64_t j = 0;
 #if SAMPLERD_CPU_FAST_X86
     if (avx2) j = GatherAvx2(z, begin, n, top, span, t.candidates);

@@ -59,21 +59,29 @@ SAMPLERD_AVX2 void DivideAvx2(const unsigned char* x, int64_t n, float temperatu
 
 }  // namespace
 
-void LoadScaled(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, float temperature,
-                float* z) {
+const float* ScaledChunk(const SampleArgs& args, int64_t row, int64_t begin, int64_t n,
+                         float temperature, float* scratch) {
   const unsigned char* x = Fp32Chunk(args, row, begin);
   if (x == nullptr) {
-    LoadChunk(args, row, begin, n, z);
-    return Scale(z, n, temperature);
+    LoadChunk(args, row, begin, n, scratch);
+    Scale(scratch, n, temperature);
+    return scratch;
+  }
+  if (temperature == 1.0f && reinterpret_cast<uintptr_t>(x) % alignof(float) == 0) {
+    return reinterpret_cast<const float*>(x);
   }
 #if SAMPLERD_CPU_FAST_X86
-  if (UseAvx2()) return DivideAvx2(x, n, temperature, z);
+  if (UseAvx2()) {
+    DivideAvx2(x, n, temperature, scratch);
+    return scratch;
+  }
 #endif
   for (int64_t j = 0; j < n; ++j) {
     float v;
     std::memcpy(&v, x + j * 4, 4);
-    z[j] = v / temperature;
+    scratch[j] = v / temperature;
   }
+  return scratch;
 }
 
 }  // namespace samplerd::kernels::cpu_fast_internal

@@ -28,9 +28,11 @@ inline const unsigned char* Fp32Chunk(const SampleArgs& args, int64_t row, int64
   return static_cast<const unsigned char*>(args.logits) + (row * args.row_stride + begin) * 4;
 }
 
-// LoadChunk, then Scale: z[0, n) = x / T in one pass (fp32 rows are read in place).
-void LoadScaled(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, float temperature,
-                float* z);
+// z = x / T for tokens [begin, begin + n) of row `row`: LoadChunk then Scale, in one pass.
+// Returns the values: `scratch` (n floats), or the logits themselves when they are fp32,
+// 4-byte aligned and T == 1 (x / 1 == x for every x).
+const float* ScaledChunk(const SampleArgs& args, int64_t row, int64_t begin, int64_t n,
+                         float temperature, float* scratch);
 
 }  // namespace samplerd::kernels::cpu_fast_internal
 
