@@ -17,6 +17,7 @@
 //              wherever it provably cannot win, so the token is the oracle's (gumbel_draw.h).
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -63,16 +64,19 @@ struct FastCpuSampler::Impl {
   }
 
   // Runs fn(row, chunk_begin, chunk_end) over tasks covering every chunk of `rows`: one task per
-  // chunk when there are fewer rows than threads, else one per row.
+  // row when there are as many rows as threads, else each row in ~2 * threads / rows tasks of
+  // consecutive chunks (a task merges its histogram into the row's once: fewer, larger tasks
+  // merge less; two per thread balance a thread that starts late).
   bool RunChunks(const std::vector<int64_t>& rows,
                  const std::function<void(int64_t, int64_t, int64_t)>& fn) {
     const int64_t n = static_cast<int64_t>(rows.size());
-    if (n >= pool.threads() || chunks == 1) {
+    if (n == 0 || n >= pool.threads() || chunks == 1) {
       return Run(n, [&](int64_t i) { fn(rows[i], 0, chunks); });
     }
-    return Run(n * chunks, [&](int64_t i) {
-      const int64_t c = i % chunks;
-      fn(rows[i / chunks], c, c + 1);
+    const int64_t per_row = std::min<int64_t>(chunks, (2 * pool.threads() + n - 1) / n);
+    return Run(n * per_row, [&](int64_t i) {
+      const int64_t part = i % per_row;
+      fn(rows[i / per_row], part * chunks / per_row, (part + 1) * chunks / per_row);
     });
   }
 

@@ -134,19 +134,23 @@ uint32_t FirstKeyOfGridBin(int b, const RowState& r) {
 
 // Grid bins + 1 of z[0, n) into bins (0 for tokens below `floor`, outside the stage) and, with
 // kMasses, their quantised masses into masses.
+// Returns the largest of those bins + 1 (0 if none).
 template <bool kMasses>
-void GridBinsScalar(const float* z, int64_t begin, int64_t n, float mx, float floor,
-                    int32_t* bins, uint64_t* masses) {
+int32_t GridBinsScalar(const float* z, int64_t begin, int64_t n, float mx, float floor,
+                       int32_t* bins, uint64_t* masses) {
+  int32_t last = 0;
   for (int64_t j = begin; j < n; ++j) {
     const bool in = z[j] >= floor;
     bins[j] = in ? GridBin(z[j], mx) + 1 : 0;
+    last = std::max(last, bins[j]);
     if (kMasses) masses[j] = in ? QuantisedMass(z[j], mx) : 0;
   }
+  return last;
 }
 
 #if SAMPLERD_CPU_FAST_X86
 template <bool kMasses>
-SAMPLERD_AVX2 void GridBinsAvx2(const float* z, int64_t n, float mx, float floor, int32_t* bins,
+SAMPLERD_AVX2 int32_t GridBinsAvx2(const float* z, int64_t n, float mx, float floor, int32_t* bins,
                                 uint64_t* masses) {
   const __m256 mxv = _mm256_set1_ps(mx);
   const __m256 floorv = _mm256_set1_ps(floor);
@@ -155,6 +159,7 @@ SAMPLERD_AVX2 void GridBinsAvx2(const float* z, int64_t n, float mx, float floor
   const __m256 below_grid = _mm256_castsi256_ps(_mm256_set1_epi32(kGridBins));
   const __m256i one = _mm256_set1_epi32(1);
   const __m256d mxd = _mm256_set1_pd(static_cast<double>(mx));
+  __m256i last = _mm256_setzero_si256();
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m256 v = _mm256_loadu_ps(z + j);
@@ -167,6 +172,7 @@ SAMPLERD_AVX2 void GridBinsAvx2(const float* z, int64_t n, float mx, float floor
     const __m256i bin1 = _mm256_and_si256(_mm256_add_epi32(_mm256_castps_si256(bin), one),
                                           _mm256_castps_si256(in));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(bins + j), bin1);
+    last = _mm256_max_epi32(last, bin1);
     if (kMasses) {
       const __m256i in64_lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(_mm256_castps_si256(in)));
       const __m256i in64_hi =
@@ -177,7 +183,11 @@ SAMPLERD_AVX2 void GridBinsAvx2(const float* z, int64_t n, float mx, float floor
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(masses + j + 4), _mm256_and_si256(m1, in64_hi));
     }
   }
-  GridBinsScalar<kMasses>(z, j, n, mx, floor, bins, masses);
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), last);
+  int32_t top = GridBinsScalar<kMasses>(z, j, n, mx, floor, bins, masses);
+  for (int32_t lane : lanes) top = std::max(top, lane);
+  return top;
 }
 #endif
 
@@ -200,7 +210,9 @@ SAMPLERD_AVX2 int64_t GatherAvx2(const float* z, int64_t begin, int64_t n, uint3
 }
 #endif
 
-// The grid pass over chunks [c0, c1) of a row: counts (and masses) per grid bin into r.
+// The grid pass over chunks [c0, c1) of a row: counts (and masses) per grid bin into r. With
+// masses, a bin's count rides in bits 96.. of its mass sum (one add per token: sums of < 2^32
+// masses <= 2^62 stay below 2^96); Advance unpacks them.
 void GridHistogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
   ThreadScratch& t = Scratch();
   float* scratch = t.x.data();
@@ -216,44 +228,38 @@ void GridHistogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, 
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
     const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
+    int32_t top = 0;
 #if SAMPLERD_CPU_FAST_X86
     if (avx2) {
-      if (with_masses) {
-        GridBinsAvx2<true>(z, n, r.mx, floor, bins, masses);
-      } else {
-        GridBinsAvx2<false>(z, n, r.mx, floor, bins, masses);
-      }
+      top = with_masses ? GridBinsAvx2<true>(z, n, r.mx, floor, bins, masses)
+                        : GridBinsAvx2<false>(z, n, r.mx, floor, bins, masses);
     }
 #endif
     if (!avx2) {
-      if (with_masses) {
-        GridBinsScalar<true>(z, 0, n, r.mx, floor, bins, masses);
-      } else {
-        GridBinsScalar<false>(z, 0, n, r.mx, floor, bins, masses);
-      }
+      top = with_masses ? GridBinsScalar<true>(z, 0, n, r.mx, floor, bins, masses)
+                        : GridBinsScalar<false>(z, 0, n, r.mx, floor, bins, masses);
     }
+    last = std::max(last, top);
     if (with_masses) {
-      for (int64_t j = 0; j < n; ++j) {
-        ++counts[bins[j]];
-        mass[bins[j]] += masses[j];
-        last = std::max(last, bins[j]);
-      }
+      constexpr Mass kOne = static_cast<Mass>(1) << 96;
+      for (int64_t j = 0; j < n; ++j) mass[bins[j]] += kOne + masses[j];
     } else {
-      for (int64_t j = 0; j < n; ++j) {
-        ++counts[bins[j]];
-        last = std::max(last, bins[j]);
-      }
+      for (int64_t j = 0; j < n; ++j) ++counts[bins[j]];
     }
   }
   {
     std::lock_guard<std::mutex> lock(r.mu);
-    for (int32_t b = 1; b <= last; ++b) r.counts[b - 1] += counts[b];
     if (with_masses) {
       for (int32_t b = 1; b <= last; ++b) r.mass[b - 1] += mass[b];
+    } else {
+      for (int32_t b = 1; b <= last; ++b) r.counts[b - 1] += counts[b];
     }
   }
-  std::fill(counts, counts + last + 1, 0);
-  std::fill(mass, mass + last + 1, 0);
+  if (with_masses) {
+    std::fill(mass, mass + last + 1, 0);
+  } else {
+    std::fill(counts, counts + last + 1, 0);
+  }
 }
 
 }  // namespace
@@ -338,6 +344,13 @@ void Advance(int64_t gather_cap, RowState& r) {
     return r.boundary_only ? FinishBoundary(gather_cap, r) : FinishGathered(gather_cap, r);
   }
   const bool top_p = r.stage == Stage::kTopP;
+  if (r.grid && top_p) {  // unpack GridHistogram's counts
+    constexpr Mass kMassBits = (static_cast<Mass>(1) << 96) - 1;
+    for (int b = 0; b < r.bins; ++b) {
+      r.counts[b] = static_cast<int64_t>(r.mass[b] >> 96);
+      r.mass[b] &= kMassBits;
+    }
+  }
   if (top_p && r.total == 0) {  // the first pass of a top-p stage: its total
     for (int b = 0; b < r.bins; ++b) r.total += r.mass[b];
   }
