@@ -65,13 +65,23 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   for (int g = 0; g < kItemsPerThread / 4; ++g) {
     LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
   }
-  // The logits processors, once every load is in flight (row_processors.h).
+  // The logits processors, once every load is in flight (row_processors.h). Their bits stay
+  // in two registers for the passes below, which re-read the chunk group by group.
+  RowProcessors::GroupBits proc_bits{~0u, 0u};
   if constexpr (kProcs) {
+    proc_bits = p.rows.procs.LoadBits<kItemsPerThread / 4>(
+        row, [&](int g) { return ItemIndex(begin, g * 4); }, end);
 #pragma unroll
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
-      p.rows.procs.ApplyGroup(row, ItemIndex(begin, g * 4), end, &x[g * 4]);
+      p.rows.procs.ApplyBits(row, ItemIndex(begin, g * 4), proc_bits, g, &x[g * 4]);
     }
   }
+  // Group g of this thread again (from L1), processed.
+  auto load_group = [&](int g, float* v) {
+    const int64_t j = ItemIndex(begin, g * 4);
+    LoadGroup<kDType>(row_ptr, j, end, v);
+    if constexpr (kProcs) p.rows.procs.ApplyBits(row, j, proc_bits, g, v);
+  };
   // The row's parameters are read after the chunk's loads are issued, so that their latency
   // overlaps (ncu v5: blocks stalled on this load before their first logits load).
   const RowParams params = p.rows.Params(row);
@@ -84,7 +94,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
       const int64_t group = ItemIndex(begin, g * 4);
-      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, group, end, v);
+      load_group(g, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) f(group + e, v[e]);
     }
@@ -189,7 +199,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 #pragma unroll 1
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
-      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, ItemIndex(begin, g * 4), end, v);
+      load_group(g, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float z = temper(v[e]);
@@ -275,7 +285,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 #pragma unroll 1
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
-      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, ItemIndex(begin, g * 4), end, v);
+      load_group(g, v);
       uint32_t here = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) here += v[e] >= from;
@@ -285,9 +295,10 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     uint32_t slot = mine > 0 ? atomicAdd(&candidate_count, mine) : 0;
 #pragma unroll 1
     for (; groups != 0; groups &= groups - 1) {
-      const int64_t group = ItemIndex(begin, (__ffs(groups) - 1) * 4);
+      const int g = __ffs(groups) - 1;
+      const int64_t group = ItemIndex(begin, g * 4);
       float v[4];
-      p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, group, end, v);
+      load_group(g, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (!(v[e] >= from)) continue;
@@ -315,7 +326,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
         const int64_t group = ItemIndex(begin, g * 4);
         if (group >= end) break;  // groups run in index order
         float v[4];
-        p.rows.LoadGroup<kDType, kProcs>(row, row_ptr, group, end, v);
+        load_group(g, v);
         const PhiloxCounter bits = Philox4x32x10(PhiloxCounterFor(params.position, group), key);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {

@@ -130,12 +130,13 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
     for (int i = 0; i < kVecs * kTokens; ++i) {
       if (x[i] > -kInfF) flags |= kSpanRawFinite;
     }
+    // Group i: tokens [i * 4, i * 4 + 4) of x; every bitmask word loaded before any is used.
+    auto group_at = [&](int i) { return vec_index(i / (kTokens / 4)) + (i % (kTokens / 4)) * 4; };
+    const RowProcessors::GroupBits bits =
+        p.rows.procs.LoadBits<kVecs * kTokens / 4>(row, group_at, end);
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-#pragma unroll
-      for (int g = 0; g < kTokens; g += 4) {
-        p.rows.procs.ApplyGroup(row, vec_index(v) + g, end, &x[v * kTokens + g]);
-      }
+    for (int i = 0; i < kVecs * kTokens / 4; ++i) {
+      p.rows.procs.ApplyBits(row, group_at(i), bits, i, &x[i * 4]);
     }
   }
   float best = -kInfF;

@@ -1,10 +1,12 @@
 // The logits processors on the GPU (DESIGN.md, "Logits processors"): the one place where a
 // loaded logit becomes the processed logit that every filter, draw and processed logprob sees.
 //
-// Every pass loads a row's logits through RowsIn::LoadGroup (4 tokens) or RowSource
-// (row_finish.h) and hands them to RowProcessors here; raw logprobs read the logits without it. A
-// new per-token stage (say a DRY penalty) is a change to Apply / ApplyGroup and the host code that
-// fills the struct, and nothing else: no path choice depends on the processors.
+// Every pass hands the logits it loads to RowProcessors here: the group passes (pass 1, the
+// greedy pass, the top-p draw) load their groups' bits once (LoadBits) and apply them to each
+// group of 4 tokens (ApplyBits); RowSource (row_finish.h) applies them one token at a time
+// (Apply). Raw logprobs read the logits without them. A new per-token stage (say a DRY penalty)
+// is a change to Apply / ApplyBits (and LoadBits, if it needs per-token bits) and the host code
+// that fills the struct, and nothing else: no path choice depends on the processors.
 //
 // The sparse entries (bias, penalties) are found through a bit per token, `marked`, and the
 // index of each marked word's first entry, `first`, both set by MarkAdjustsKernel (sample.hip)
@@ -45,27 +47,57 @@ struct RowProcessors {
     return x;
   }
 
-  // The 4 tokens of a group at j (4-aligned, so in one word). Tokens at or past `end` hold
-  // -inf, which both steps leave as it is. The bitmask is a select per token; an adjust costs
-  // two more loads, only for the (rare) marked tokens.
-  __device__ __forceinline__ void ApplyGroup(int64_t row, int64_t j, int64_t end, float* v) const {
-    if (j >= end) return;
-    const int64_t w = row * words + (j >> 5);
-    const int shift = static_cast<int>(j & 31);
-    if (marked != nullptr) {
-      const uint32_t mark = marked[w];
-      if ((mark >> shift) & 0xfu) {
+  // The processors' bits of kGroups groups of 4 tokens (group g at at(g), 4-aligned), with every
+  // word load issued before any is used: bit 4g + e of GroupBits::allow / ::mark is token
+  // at(g) + e's. A pass that keeps them applies the processors with ApplyBits and never loads a
+  // word again (v12 loaded a group's word in every pass as it applied it: a dense mask cost
+  // 30-60% at B = 128). Groups at or past `end` read the row's word 0 instead (always there)
+  // and get allow 1111, mark 0000.
+  struct GroupBits {
+    uint32_t allow;
+    uint32_t mark;
+  };
+  template <int kGroups, class At>
+  __device__ __forceinline__ GroupBits LoadBits(int64_t row, At at, int64_t end) const {
+    static_assert(kGroups <= 8, "4 bits a group in 32");
+    uint32_t allow_word[kGroups], mark_word[kGroups];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if ((mark >> (shift + e)) & 1u) v[e] = AdjustLogit(v[e], At(w, mark, shift + e));
-        }
+    for (int g = 0; g < kGroups; ++g) {
+      const int64_t j = at(g);
+      const int64_t w = row * words + (j < end ? j >> 5 : 0);
+      allow_word[g] = allowed != nullptr ? allowed[w] : ~0u;
+      mark_word[g] = marked != nullptr ? marked[w] : 0u;
+    }
+    GroupBits bits{0u, 0u};
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int64_t j = at(g);
+      const int shift = static_cast<int>(j & 31);
+      const bool in = j < end;
+      bits.allow |= (in ? (allow_word[g] >> shift) & 0xfu : 0xfu) << (4 * g);
+      bits.mark |= (in ? (mark_word[g] >> shift) & 0xfu : 0u) << (4 * g);
+    }
+    return bits;
+  }
+
+  // The processors on group g of LoadBits (the 4 tokens at j; those past the row's end hold
+  // -inf and stay so). An adjust loads its word's mark again (rare: only groups holding a
+  // marked token).
+  __device__ __forceinline__ void ApplyBits(int64_t row, int64_t j, const GroupBits& bits, int g,
+                                            float* v) const {
+    const uint32_t mark = (bits.mark >> (4 * g)) & 0xfu;
+    if (mark != 0u) {
+      const int64_t w = row * words + (j >> 5);
+      const uint32_t word = marked[w];
+      const int shift = static_cast<int>(j & 31);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if ((mark >> e) & 1u) v[e] = AdjustLogit(v[e], At(w, word, shift + e));
       }
     }
-    if (allowed != nullptr) {
-      const uint32_t allow = allowed[w] >> shift;
+    const uint32_t allow = bits.allow >> (4 * g);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] = (allow >> e) & 1u ? v[e] : Disallowed(v[e]);
-    }
+    for (int e = 0; e < 4; ++e) v[e] = (allow >> e) & 1u ? v[e] : Disallowed(v[e]);
   }
 
   // The adjust of the marked token at bit `bit` of word w (whose value is `mark`): the word's

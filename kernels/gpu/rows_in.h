@@ -36,15 +36,6 @@ struct RowsIn {
     constexpr size_t kElem = kDType == DType::kFp32 ? 4 : 2;
     return static_cast<const char*>(logits) + row * row_stride * kElem;
   }
-  // The 4 processed logits at j (4-aligned) of `row`, whose data is at `row_ptr`; -inf past
-  // `end`. Every pass that reads the row in groups loads through here; kProcs false compiles
-  // the processors out (a launch without them).
-  template <DType kDType, bool kProcs>
-  __device__ __forceinline__ void LoadGroup(int64_t row, const void* row_ptr, int64_t j,
-                                            int64_t end, float* out) const {
-    gpu::LoadGroup<kDType>(row_ptr, j, end, out);
-    if (kProcs && procs.active()) procs.ApplyGroup(row, j, end, out);
-  }
 };
 
 }  // namespace samplerd::kernels::gpu
