@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "kernels/common/philox.h"
 #include "kernels/cpu/cpu_sampler.h"
 #include "kernels/cpu/half_float.h"
+#include "kernels/cpu_fast/cpu_features.h"
+#include "kernels/cpu_fast/quantised_mass.h"
 
 namespace samplerd::kernels {
 namespace {
@@ -490,6 +493,167 @@ TEST(FastCpuSamplerTest, AFaultingTaskMakesSampleReportFailure) {
   calls = 1000;  // no further faults: the sampler recovers
   EXPECT_TRUE(sampler.Sample(ArgsFor(b, out)));
   Compare(b, out, RunOracle(b), "after a fault");
+}
+
+// B rows of V logits drawn as `kind` says, every row with `params` and its own seed.
+// 0: randn * 3; 1: randn * 20 (rows spanning far more than the grid's 44 logits); 2: Zipf-like
+// -1.1 ln(rank); 3: randn * 1e6 (every token but the top far below the grid); 4: randn * 3 on a
+// 1/64 grid (ties at the grid's bin edges).
+Batch ShapedBatch(int kind, int64_t batch, int64_t vocab, const RowParams& params,
+                  std::mt19937_64& rng) {
+  Batch b;
+  b.batch = batch;
+  b.vocab = vocab;
+  b.values.resize(batch * vocab);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t row = 0; row < batch; ++row) {
+    float* x = &b.values[row * vocab];
+    std::vector<int64_t> rank(vocab);
+    for (int64_t j = 0; j < vocab; ++j) rank[j] = j + 1;
+    std::shuffle(rank.begin(), rank.end(), rng);
+    for (int64_t j = 0; j < vocab; ++j) {
+      switch (kind) {
+        case 0:
+          x[j] = 3.0f * normal(rng);
+          break;
+        case 1:
+          x[j] = 20.0f * normal(rng);
+          break;
+        case 2:
+          x[j] = -1.1f * std::log(static_cast<float>(rank[j]));
+          break;
+        case 3:
+          x[j] = 1e6f * normal(rng);
+          break;
+        default:
+          x[j] = std::round(3.0f * normal(rng) * 64.0f) / 64.0f;
+          break;
+      }
+    }
+    RowParams p = params;
+    p.seed = rng();
+    p.position = rng() % 100000;
+    b.params.push_back(p);
+  }
+  b.Encode();
+  return b;
+}
+
+TEST(FastCpuSamplerTest, GridBoundaryBinsMatchTheOracle) {
+  // The first pass of a top-k / top-p stage bins z on a 1/64-logit grid below the max; the
+  // boundary bin is then gathered whole, gathered alone (tokens above it > gather_cap) or
+  // refined by radix passes (the bin itself > gather_cap, or the bin below the grid). These
+  // shapes and caps reach each of those with the boundary high and low in the row.
+  std::mt19937_64 rng(4242);
+  const RowParams settings[] = {
+      P(1.0f, 0, 0.95f),
+      P(1.0f, 0, 0.5f),
+      P(0.8f, 0, 0.99f),
+      P(1.0f, 50),
+      P(1.0f, 3000),
+      P(1.0f, 30000),
+      P(0.8f, 50, 0.9f),
+      P(1.0f, 5000, 0.95f, 0.0f, TopPMode::kJoint),
+      P(1.0f, 0, 0.9f, 0.001f),
+  };
+  int rows = 0;
+  int differences = 0;
+  for (int cap : {16, 200, 1024}) {
+    FastCpuSampler::Options options = Threads(3);
+    options.gather_cap = cap;
+    FastCpuSampler sampler(options);
+    for (int kind = 0; kind < 5; ++kind) {
+      for (const RowParams& params : settings) {
+        const Batch b = ShapedBatch(kind, 2, 40000, params, rng);
+        differences += Compare(b, RunFast(b, sampler), RunOracle(b),
+                               "cap " + std::to_string(cap) + " kind " + std::to_string(kind) +
+                                   " k " + std::to_string(params.top_k) + " p " +
+                                   std::to_string(params.top_p));
+        rows += 2;
+      }
+    }
+  }
+  EXPECT_EQ(rows, 270);
+  EXPECT_LE(differences, 1);
+}
+
+TEST(FastCpuSamplerTest, ScalarAndVectorPathsGiveTheSameTokens) {
+  // The AVX2 paths (cpu_features.h) must compute exactly what the scalar ones do.
+  if (!cpu_fast_internal::UseAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937_64 rng(11);
+  FastCpuSampler::Options options = Threads(2);
+  options.gather_cap = 64;
+  FastCpuSampler sampler(options);
+  for (DType dtype : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+    for (int64_t vocab : {7, 1001, 40000}) {
+      for (bool degenerate : {false, true}) {
+        const Batch b = RandomBatch(dtype, 12, vocab, rng, degenerate);
+        const Outputs vector_out = RunFast(b, sampler);
+        cpu_fast_internal::Avx2Allowed().store(false);
+        const Outputs scalar_out = RunFast(b, sampler);
+        cpu_fast_internal::Avx2Allowed().store(true);
+        EXPECT_EQ(vector_out.tokens, scalar_out.tokens) << "V " << vocab;
+        EXPECT_EQ(vector_out.status, scalar_out.status) << "V " << vocab;
+      }
+    }
+  }
+  for (int kind = 0; kind < 5; ++kind) {
+    const Batch b = ShapedBatch(kind, 4, 30000, P(1.0f, 0, 0.9f), rng);
+    const Outputs vector_out = RunFast(b, sampler);
+    cpu_fast_internal::Avx2Allowed().store(false);
+    const Outputs scalar_out = RunFast(b, sampler);
+    cpu_fast_internal::Avx2Allowed().store(true);
+    EXPECT_EQ(vector_out.tokens, scalar_out.tokens) << "kind " << kind;
+  }
+}
+
+#if SAMPLERD_CPU_FAST_X86
+SAMPLERD_AVX2 void VectorMasses(const double* x, uint64_t* out) {
+  const __m256i m = cpu_fast_internal::QuantisedMass4(_mm256_loadu_pd(x));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), m);
+}
+
+TEST(FastCpuSamplerTest, VectorQuantisedMassesAreTheScalarOnes) {
+  if (!cpu_fast_internal::UseAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> below(-50.0f, 0.0f);
+  std::vector<float> z = {0.0f, -0.0f, -1e-30f, -1e-7f, -44.0f, std::nextafter(-44.0f, 0.0f),
+                          std::nextafter(-44.0f, -100.0f), -kInf, -43.99999f, -0.5f, -1.0f};
+  for (int i = 0; i < 200000; ++i) z.push_back(below(rng));
+  const float mxs[] = {0.0f, 1.5f, -7.25f, 13.21906f, 1000.0f};
+  for (float mx : mxs) {
+    for (size_t i = 0; i + 4 <= z.size(); i += 4) {
+      double x[4];
+      uint64_t out[4];
+      for (int l = 0; l < 4; ++l) x[l] = static_cast<double>(z[i + l] + mx) - mx;
+      VectorMasses(x, out);
+      for (int l = 0; l < 4; ++l) {
+        ASSERT_EQ(out[l], cpu_fast_internal::QuantisedMass(z[i + l] + mx, mx))
+            << "z " << z[i + l] + mx << " mx " << mx;
+      }
+    }
+  }
+}
+#endif
+
+TEST(FastCpuSamplerTest, AQwenSizedRowGivesTheSameTokenOnAnyThreadCount) {
+  // One to seven rows of 19 chunks on 1 to 16 threads: tasks of one chunk, of several
+  // consecutive chunks and of whole rows must all give the same tokens.
+  std::mt19937_64 rng(12);
+  std::vector<std::unique_ptr<FastCpuSampler>> samplers;
+  for (int threads : {1, 2, 5, 8, 16}) {
+    samplers.push_back(std::make_unique<FastCpuSampler>(Threads(threads)));
+  }
+  for (int64_t batch : {1, 3, 7}) {
+    const Batch b = RandomBatch(DType::kFp32, batch, 151936, rng, batch == 7);
+    const Outputs first = RunFast(b, *samplers[0]);
+    for (size_t s = 1; s < samplers.size(); ++s) {
+      const Outputs other = RunFast(b, *samplers[s]);
+      EXPECT_EQ(other.tokens, first.tokens) << "B " << batch << " sampler " << s;
+      EXPECT_EQ(other.status, first.status) << "B " << batch << " sampler " << s;
+    }
+    Compare(b, first, RunOracle(b), "B " + std::to_string(batch));
+  }
 }
 
 }  // namespace
