@@ -9,12 +9,15 @@
 // B >= threads), each row's state in a RowState (row_state.h):
 //   1. stats   NaN / -inf / +inf flags, max and min finite z (x for greedy rows, which end
 //              here), then the row's plan (row_stats.h).
-//   2. select  (rows with top-k or top-p) radix selection of the thresholds over
+//   2. select  (rows with top-k or top-p) the thresholds: a pass binning z on a fixed grid
+//              below the row max, then a gather of the boundary bin, or radix passes over
 //              order-preserving integer keys of z (radix_select.h, order_keys.h). Masses are
 //              exp(z - mx) quantised to 2^-62 units and summed as integers, so no sum depends on
 //              how tokens were split over tasks (quantised_mass.h).
 //   3. draw    Gumbel-max over the survivors z >= threshold, skipping the noise (and its logs)
 //              wherever it provably cannot win, so the token is the oracle's (gumbel_draw.h).
+// The hot loops have AVX2 versions chosen at run time (cpu_features.h) that compute exactly what
+// the scalar ones do.
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 
 #include <algorithm>

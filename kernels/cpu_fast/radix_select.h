@@ -1,13 +1,21 @@
-// Phase 2 of FastCpuSampler: the top-k and top-p thresholds of a row by radix selection over
-// the order-preserving keys of z (order_keys.h), at a cost bounded for any distribution.
+// Phase 2 of FastCpuSampler: the top-k and top-p thresholds of a row, at a cost bounded for any
+// distribution.
 //
 // A stage's tokens are the finite z at or above its floor (top-k: the min-p survivors; top-p:
-// the survivors of min-p and top-k, or in JOINT mode every finite z). Each histogram pass counts
-// (top-k) or sums the quantised masses (top-p) of those tokens in <= kMaxBins bins of a key
-// range, and the next pass refines only the bin holding the boundary: at most 4 passes per
-// stage (32 key bits, 10 per pass). Once the tokens at or above the boundary bin number <=
-// gather_cap, a gather pass collects them and the stage (and the draw, gumbel_draw.h) finishes
-// on them, sorted into the oracle's order. Internal to kernels/cpu_fast.
+// the survivors of min-p and top-k, or in JOINT mode every finite z). Its first pass bins them
+// on a fixed grid below the row max (GridBin: 1/64 logit, 44 logits, then one bin for the
+// rest), counting them (top-k) or summing their quantised masses (top-p, quantised_mass.h);
+// the bin where the stage's boundary falls is then
+//   - gathered with every token above it, when those are <= gather_cap: the stage (and the
+//     draw, gumbel_draw.h) finishes on them, sorted into the oracle's order;
+//   - gathered alone, when it holds <= gather_cap tokens: the threshold is found among them,
+//     below the count and mass of the bins above, and the draw runs over the row;
+//   - else refined by radix histogram passes over the order-preserving keys of z in its key
+//     range (order_keys.h; <= kMaxBins bins per pass, at most 4 passes: 32 key bits, 10 per
+//     pass), each ending the same three ways.
+// At B = 1, V = 151,936 (randn * 3) a top-p 0.95 stage takes the grid pass and one gather of
+// ~20 tokens, where the radix passes alone took 3-4 passes with an exp per token in the first
+// (tests/bench/HOST_PLANE_RESULTS.md, run 3). Internal to kernels/cpu_fast.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_RADIX_SELECT_H_
 #define SAMPLERD_KERNELS_CPU_FAST_RADIX_SELECT_H_
 
