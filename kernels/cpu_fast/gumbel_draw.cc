@@ -52,12 +52,12 @@ struct Best {
   float score = 0.0f;
   float floor = 0.0f;  // <= the winning score: tokens that cannot reach it skip the noise
 
-  // Token `id` (z = v) drew the 32 bits w: keep it if it beats the best (lowest id on ties,
-  // as tokens arrive in increasing id).
+  // Token `id` (z = v) drew the 32 bits w: keep it if it beats the best (lowest id on equal
+  // scores, so the order tokens arrive in does not matter).
   void Offer(float v, uint32_t w, int64_t token, const float* bound) {
     if (v + bound[w >> kNoiseBucketShift] < floor) return;
     const float score_now = v + GumbelFromUniform(UniformFromBits(w));
-    if (id < 0 || score_now > score) {
+    if (id < 0 || score_now > score || (score_now == score && token < id)) {
       id = token;
       score = score_now;
       floor = std::max(floor, score_now);
@@ -131,8 +131,9 @@ SAMPLERD_AVX2 void Philox8(const uint32_t* block, uint64_t position, PhiloxKey k
 
 // DrawScalar, 8 tokens at a time, 256 at a time in two steps: a branch-free scan lists the
 // blocks of 4 tokens holding a token that may still win (against the floor at the start of
-// the step), then the list is drawn 8 blocks per Philox8 call and its tokens offered in
-// increasing id (against the current floor). Returns where the scalar tail starts.
+// the step), then the list is drawn 8 blocks per Philox8 call, its tokens' noise bounds
+// checked 8 at a time, and the tokens left offered (against the current floor). Returns where
+// the scalar tail starts.
 SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_t top,
                                uint32_t span, const RowParams& p, const PhiloxKey& key,
                                Best& best) {
@@ -166,13 +167,34 @@ SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_
     }
     for (int q0 = 0; q0 < count; q0 += 8) {
       Philox8(block + q0, p.position, key, words);
-      const int m = std::min(8, count - q0);
-      uint32_t bits = 0;  // token i of block q0 + q at bit 4 q + i: one loop in increasing id
-      for (int q = 0; q < m; ++q) bits |= static_cast<uint32_t>(mask[q0 + q]) << (4 * q);
-      for (; bits != 0; bits &= bits - 1) {
-        const int t = __builtin_ctz(bits);
-        const int64_t token = static_cast<int64_t>(block[q0 + (t >> 2)]) * 4 + (t & 3);
-        best.Offer(z[token - begin], words[(t & 3) * 8 + (t >> 2)], token, bound);
+      // Each word vector i holds token i of the 8 blocks: filter its tokens on the bound of
+      // their noise in vector form, then offer the few left (in any order: Offer breaks ties).
+      const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(std::min(8, count - q0)),
+                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      const __m256i masks = _mm256_and_si256(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mask + q0))),
+          lanes);
+      const __m256i first = _mm256_sub_epi32(
+          _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + q0)), 2),
+          _mm256_set1_epi32(static_cast<int32_t>(begin)));
+      const __m256 floor_now = _mm256_set1_ps(best.floor);
+      for (int i = 0; i < 4; ++i) {
+        const __m256i bit = _mm256_set1_epi32(1 << i);
+        const __m256i in = _mm256_cmpeq_epi32(_mm256_and_si256(masks, bit), bit);
+        if (_mm256_testz_si256(in, in)) continue;
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(words + 8 * i));
+        const __m256 v = _mm256_mask_i32gather_ps(
+            _mm256_setzero_ps(), z, _mm256_add_epi32(first, _mm256_set1_epi32(i)),
+            _mm256_castsi256_ps(in), 4);
+        const __m256 g = _mm256_i32gather_ps(bound, _mm256_srli_epi32(w, kNoiseBucketShift), 4);
+        const __m256 ok = _mm256_and_ps(
+            _mm256_cmp_ps(_mm256_add_ps(v, g), floor_now, _CMP_GE_OQ), _mm256_castsi256_ps(in));
+        for (uint32_t bits = static_cast<uint32_t>(_mm256_movemask_ps(ok)); bits != 0;
+             bits &= bits - 1) {
+          const int q = __builtin_ctz(bits);
+          const int64_t token = static_cast<int64_t>(block[q0 + q]) * 4 + i;
+          best.Offer(z[token - begin], words[8 * i + q], token, bound);
+        }
       }
     }
   }
