@@ -11,13 +11,17 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SAMPLERD_CPU_FAST_X86 1
 #define SAMPLERD_AVX2 __attribute__((target("avx2")))
+// AVX-512 F enables FMA, and GCC contracts a * b + c into one even in ISO mode: fp-contract=off
+// keeps these paths rounding as the scalar ones do (the tests compare them bit for bit).
+#define SAMPLERD_AVX512 \
+  __attribute__((target("avx2,avx512f,avx512dq"), optimize("fp-contract=off")))
 #else
 #define SAMPLERD_CPU_FAST_X86 0
 #endif
 
 namespace samplerd::kernels::cpu_fast_internal {
 
-// Tests clear it to drive the scalar paths on an AVX2 machine.
+// Tests clear it to drive the scalar paths on an AVX2 / AVX-512 machine.
 inline std::atomic<bool>& Avx2Allowed() {
   static std::atomic<bool> allowed{true};
   return allowed;
@@ -27,6 +31,18 @@ inline std::atomic<bool>& Avx2Allowed() {
 inline bool UseAvx2() {
 #if SAMPLERD_CPU_FAST_X86
   static const bool supported = __builtin_cpu_supports("avx2");
+  return supported && Avx2Allowed().load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+// True when the AVX-512 (F + DQ) paths run: the CPU has them and Avx2Allowed().
+inline bool UseAvx512() {
+#if SAMPLERD_CPU_FAST_X86
+  static const bool supported = __builtin_cpu_supports("avx2") &&
+                                __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("avx512dq");
   return supported && Avx2Allowed().load(std::memory_order_relaxed);
 #else
   return false;

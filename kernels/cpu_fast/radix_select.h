@@ -3,7 +3,7 @@
 //
 // A stage's tokens are the finite z at or above its floor (top-k: the min-p survivors; top-p:
 // the survivors of min-p and top-k, or in JOINT mode every finite z). Its first pass bins them
-// on a fixed grid below the row max (GridBin: 1/64 logit, 44 logits, then one bin for the
+// on a fixed grid below the row max (GridBin: 1/32 logit, 44 logits, then one bin for the
 // rest), counting them (top-k) or summing their quantised masses (top-p, quantised_mass.h);
 // the bin where the stage's boundary falls is then
 //   - gathered with every token above it, when those are <= gather_cap: the stage (and the
@@ -14,7 +14,7 @@
 //     range (order_keys.h; <= kMaxBins bins per pass, at most 4 passes: 32 key bits, 10 per
 //     pass), each ending the same three ways.
 // At B = 1, V = 151,936 (randn * 3) a top-p 0.95 stage takes the grid pass and one gather of
-// ~20 tokens, where the radix passes alone took 3-4 passes with an exp per token in the first
+// a few hundred tokens, where the radix passes alone took 3-4 passes with an exp per token in the first
 // (tests/bench/HOST_PLANE_RESULTS.md, run 3). Internal to kernels/cpu_fast.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_RADIX_SELECT_H_
 #define SAMPLERD_KERNELS_CPU_FAST_RADIX_SELECT_H_

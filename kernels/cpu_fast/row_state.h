@@ -20,10 +20,14 @@ inline constexpr int kBinBits = 10;
 inline constexpr int kMaxBins = 1 << kBinBits;  // bins of one radix histogram pass
 // The first pass of a stage bins z on a fixed grid below the row max instead (radix_select.h):
 // bin floor((mx - z) * kGridBinsPerLogit) while mx - z < kGridLogits, else kGridBins.
-inline constexpr float kGridBinsPerLogit = 64.0f;
+// 1/32 logit: a randn * 3 row's top-p 0.95 boundary bin holds ~250 tokens (one gather), and a
+// task's histogram (merged under the row's lock) stays small.
+inline constexpr float kGridBinsPerLogit = 32.0f;
 inline constexpr float kGridLogits = 44.0f;  // masses below exp(-44) quantise to 0
-inline constexpr int kGridBins = 2816;       // 44 * 64: the index of the bin below the grid
-inline constexpr int kHistBins = kGridBins + 1;  // >= kMaxBins: bins of any histogram pass
+// The index of the bin below the grid.
+inline constexpr int kGridBins = static_cast<int>(kGridLogits * kGridBinsPerLogit);
+inline constexpr int kHistBins =  // bins of any histogram pass
+    kGridBins + 1 > kMaxBins ? kGridBins + 1 : kMaxBins;
 
 // A sum of quantised masses (quantised_mass.h); wide enough for any vocabulary.
 using Mass = unsigned __int128;

@@ -498,7 +498,7 @@ TEST(FastCpuSamplerTest, AFaultingTaskMakesSampleReportFailure) {
 // B rows of V logits drawn as `kind` says, every row with `params` and its own seed.
 // 0: randn * 3; 1: randn * 20 (rows spanning far more than the grid's 44 logits); 2: Zipf-like
 // -1.1 ln(rank); 3: randn * 1e6 (every token but the top far below the grid); 4: randn * 3 on a
-// 1/64 grid (ties at the grid's bin edges).
+// 1/64 grid (ties at the grid's bin edges, every 1/32).
 Batch ShapedBatch(int kind, int64_t batch, int64_t vocab, const RowParams& params,
                   std::mt19937_64& rng) {
   Batch b;
@@ -540,7 +540,7 @@ Batch ShapedBatch(int kind, int64_t batch, int64_t vocab, const RowParams& param
 }
 
 TEST(FastCpuSamplerTest, GridBoundaryBinsMatchTheOracle) {
-  // The first pass of a top-k / top-p stage bins z on a 1/64-logit grid below the max; the
+  // The first pass of a top-k / top-p stage bins z on a 1/32-logit grid below the max; the
   // boundary bin is then gathered whole, gathered alone (tokens above it > gather_cap) or
   // refined by radix passes (the bin itself > gather_cap, or the bin below the grid). These
   // shapes and caps reach each of those with the boundary high and low in the row.
@@ -613,6 +613,13 @@ SAMPLERD_AVX2 void VectorMasses(const double* x, uint64_t* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), m);
 }
 
+SAMPLERD_AVX512_WARNINGS_OFF
+SAMPLERD_AVX512 void VectorMasses8(const double* x, uint64_t* out) {
+  const cpu_fast_internal::ExpTable512 table;
+  _mm512_storeu_si512(out, cpu_fast_internal::QuantisedMass8(_mm512_loadu_pd(x), table));
+}
+SAMPLERD_AVX512_WARNINGS_ON
+
 TEST(FastCpuSamplerTest, VectorQuantisedMassesAreTheScalarOnes) {
   if (!cpu_fast_internal::UseAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937_64 rng(3);
@@ -630,6 +637,17 @@ TEST(FastCpuSamplerTest, VectorQuantisedMassesAreTheScalarOnes) {
       for (int l = 0; l < 4; ++l) {
         ASSERT_EQ(out[l], cpu_fast_internal::QuantisedMass(z[i + l] + mx, mx))
             << "z " << z[i + l] + mx << " mx " << mx;
+      }
+    }
+    if (!cpu_fast_internal::UseAvx512()) continue;
+    for (size_t i = 0; i + 8 <= z.size(); i += 8) {
+      double x[8];
+      uint64_t out[8];
+      for (int l = 0; l < 8; ++l) x[l] = static_cast<double>(z[i + l] + mx) - mx;
+      VectorMasses8(x, out);
+      for (int l = 0; l < 8; ++l) {
+        ASSERT_EQ(out[l], cpu_fast_internal::QuantisedMass(z[i + l] + mx, mx))
+            << "AVX-512: z " << z[i + l] + mx << " mx " << mx;
       }
     }
   }
