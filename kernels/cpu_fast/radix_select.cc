@@ -5,15 +5,12 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu_fast/bin_kernels.h"
 #include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/gumbel_draw.h"
 #include "kernels/cpu_fast/order_keys.h"
 #include "kernels/cpu_fast/quantised_mass.h"
 #include "kernels/cpu_fast/row_chunks.h"
-
-#if SAMPLERD_CPU_FAST_X86
-#include <immintrin.h>
-#endif
 
 namespace samplerd::kernels::cpu_fast_internal {
 namespace {
@@ -132,173 +129,54 @@ uint32_t FirstKeyOfGridBin(int b, const RowState& r) {
   return static_cast<uint32_t>(lo);
 }
 
-// Grid bins + 1 of z[0, n) into bins (0 for tokens below `floor`, outside the stage) and, with
-// kMasses, their quantised masses into masses.
-// Returns the largest of those bins + 1 (0 if none).
-template <bool kMasses>
-int32_t GridBinsScalar(const float* z, int64_t begin, int64_t n, float mx, float floor,
-                       int32_t* bins, uint64_t* masses) {
-  int32_t last = 0;
-  for (int64_t j = begin; j < n; ++j) {
-    const bool in = z[j] >= floor;
-    bins[j] = in ? GridBin(z[j], mx) + 1 : 0;
-    last = std::max(last, bins[j]);
-    if (kMasses) masses[j] = in ? QuantisedMass(z[j], mx) : 0;
-  }
-  return last;
-}
-
-#if SAMPLERD_CPU_FAST_X86
-template <bool kMasses>
-SAMPLERD_AVX2 int32_t GridBinsAvx2(const float* z, int64_t n, float mx, float floor, int32_t* bins,
-                                uint64_t* masses) {
-  const __m256 mxv = _mm256_set1_ps(mx);
-  const __m256 floorv = _mm256_set1_ps(floor);
-  const __m256 grid_logits = _mm256_set1_ps(kGridLogits);
-  const __m256 per_logit = _mm256_set1_ps(kGridBinsPerLogit);
-  const __m256 below_grid = _mm256_castsi256_ps(_mm256_set1_epi32(kGridBins));
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m256d mxd = _mm256_set1_pd(static_cast<double>(mx));
-  __m256i last = _mm256_setzero_si256();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 v = _mm256_loadu_ps(z + j);
-    const __m256 in = _mm256_cmp_ps(v, floorv, _CMP_GE_OQ);
-    const __m256 d = _mm256_sub_ps(mxv, v);
-    const __m256 on_grid = _mm256_cmp_ps(d, grid_logits, _CMP_LT_OQ);
-    const __m256 bin = _mm256_blendv_ps(
-        below_grid, _mm256_castsi256_ps(_mm256_cvttps_epi32(_mm256_mul_ps(d, per_logit))),
-        on_grid);
-    const __m256i bin1 = _mm256_and_si256(_mm256_add_epi32(_mm256_castps_si256(bin), one),
-                                          _mm256_castps_si256(in));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bins + j), bin1);
-    last = _mm256_max_epi32(last, bin1);
-    if (kMasses) {
-      const __m256i in64_lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(_mm256_castps_si256(in)));
-      const __m256i in64_hi =
-          _mm256_cvtepi32_epi64(_mm256_extracti128_si256(_mm256_castps_si256(in), 1));
-      const __m256i m0 = QuantisedMass4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), mxd));
-      const __m256i m1 = QuantisedMass4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), mxd));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(masses + j), _mm256_and_si256(m0, in64_lo));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(masses + j + 4), _mm256_and_si256(m1, in64_hi));
-    }
-  }
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), last);
-  int32_t top = GridBinsScalar<kMasses>(z, j, n, mx, floor, bins, masses);
-  for (int32_t lane : lanes) top = std::max(top, lane);
-  return top;
-}
-#endif
-
-#if SAMPLERD_CPU_FAST_X86
-// Appends the tokens of z[0, n) with KeyOf(z) - lo <= span to `out`, 8 at a time; returns how
-// many tokens it looked at (the rest, < 8, are the caller's).
-SAMPLERD_AVX2 int64_t GatherAvx2(const float* z, int64_t begin, int64_t n, uint32_t lo,
-                                 uint32_t span, std::vector<Candidate>& out) {
-  const __m256i lov = _mm256_set1_epi32(static_cast<int32_t>(lo));
-  const __m256i spanv = _mm256_set1_epi32(static_cast<int32_t>(span));
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    uint32_t mask = KeysInRange8(_mm256_loadu_ps(z + j), lov, spanv);
-    for (; mask != 0; mask &= mask - 1) {
-      const int64_t i = j + __builtin_ctz(mask);
-      out.push_back({z[i], static_cast<int32_t>(begin + i)});
-    }
-  }
-  return j;
-}
-
-SAMPLERD_AVX512_WARNINGS_OFF
-// GridBinsAvx2<true> with the masses 8 at a time (AVX-512 F + DQ).
-SAMPLERD_AVX512 int32_t GridBinsAvx512(const float* z, int64_t n, float mx, float floor,
-                                       int32_t* bins, uint64_t* masses) {
-  const ExpTable512 table;
-  const __m256 mxv = _mm256_set1_ps(mx);
-  const __m256 floorv = _mm256_set1_ps(floor);
-  const __m256 grid_logits = _mm256_set1_ps(kGridLogits);
-  const __m256 per_logit = _mm256_set1_ps(kGridBinsPerLogit);
-  const __m256 below_grid = _mm256_castsi256_ps(_mm256_set1_epi32(kGridBins));
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m512d mxd = _mm512_set1_pd(static_cast<double>(mx));
-  __m256i last = _mm256_setzero_si256();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 v = _mm256_loadu_ps(z + j);
-    const __m256 in = _mm256_cmp_ps(v, floorv, _CMP_GE_OQ);
-    const __m256 d = _mm256_sub_ps(mxv, v);
-    const __m256 on_grid = _mm256_cmp_ps(d, grid_logits, _CMP_LT_OQ);
-    const __m256 bin = _mm256_blendv_ps(
-        below_grid, _mm256_castsi256_ps(_mm256_cvttps_epi32(_mm256_mul_ps(d, per_logit))),
-        on_grid);
-    const __m256i bin1 = _mm256_and_si256(_mm256_add_epi32(_mm256_castps_si256(bin), one),
-                                          _mm256_castps_si256(in));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bins + j), bin1);
-    last = _mm256_max_epi32(last, bin1);
-    const __m512i m = QuantisedMass8(_mm512_sub_pd(_mm512_cvtps_pd(v), mxd), table);
-    _mm512_storeu_si512(masses + j,
-                        _mm512_maskz_mov_epi64(static_cast<__mmask8>(_mm256_movemask_ps(in)), m));
-  }
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), last);
-  int32_t top = GridBinsScalar<true>(z, j, n, mx, floor, bins, masses);
-  for (int32_t lane : lanes) top = std::max(top, lane);
-  return top;
-}
-SAMPLERD_AVX512_WARNINGS_ON
-#endif
-
-// The grid pass over chunks [c0, c1) of a row: counts (and masses) per grid bin into r. With
-// masses, a bin's count rides in bits 96.. of its mass sum (one add per token: sums of < 2^32
-// masses <= 2^62 stay below 2^96); Advance unpacks them.
-void GridHistogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
+// A histogram pass over chunks [c0, c1) of a row: counts (and, for top-p, masses with the
+// counts packed in, bin_kernels.h) per bin into r.
+void HistogramPass(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
   ThreadScratch& t = Scratch();
   float* scratch = t.x.data();
-  int32_t* bins = t.bins.data();
-  uint64_t* masses = t.masses.data();
-  int64_t* counts = t.grid_counts.data();
-  Mass* mass = t.grid_mass.data();
+  int64_t* counts = t.counts.data();
+  Mass* mass = t.mass.data();
+  BinSpec spec;
+  spec.grid = r.grid;
+  spec.mx = r.mx;
+  spec.floor = ValueOf(r.hi);
+  spec.lo = r.lo;
+  spec.span = r.hi - r.lo;
+  spec.shift = r.shift;
   const bool with_masses = r.Masses();
-  const float floor = ValueOf(r.hi);
   const bool avx2 = UseAvx2();
   const bool avx512 = UseAvx512();
-  int32_t last = 0;  // the highest bin + 1 used
+  int32_t end = 0;  // 1 + the highest bin touched
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t begin = c * kChunk;
     const int64_t n = std::min(kChunk, args.vocab - begin);
     const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
-    int32_t top = 0;
+    int32_t chunk_end = 0;
 #if SAMPLERD_CPU_FAST_X86
     if (avx2) {
-      top = !with_masses ? GridBinsAvx2<false>(z, n, r.mx, floor, bins, masses)
-            : avx512     ? GridBinsAvx512(z, n, r.mx, floor, bins, masses)
-                         : GridBinsAvx2<true>(z, n, r.mx, floor, bins, masses);
+      chunk_end = !with_masses ? CountChunkAvx2(spec, z, n, t.bins.data(), counts)
+                  : avx512     ? MassChunkAvx512(spec, z, n, mass)
+                               : MassChunkAvx2(spec, z, n, mass);
     }
 #endif
     if (!avx2) {
-      top = with_masses ? GridBinsScalar<true>(z, 0, n, r.mx, floor, bins, masses)
-                        : GridBinsScalar<false>(z, 0, n, r.mx, floor, bins, masses);
+      chunk_end = with_masses ? HistogramChunkScalar<true>(spec, z, 0, n, counts, mass)
+                              : HistogramChunkScalar<false>(spec, z, 0, n, counts, mass);
     }
-    last = std::max(last, top);
-    if (with_masses) {
-      constexpr Mass kOne = static_cast<Mass>(1) << 96;
-      for (int64_t j = 0; j < n; ++j) mass[bins[j]] += kOne + masses[j];
-    } else {
-      for (int64_t j = 0; j < n; ++j) ++counts[bins[j]];
-    }
+    end = std::max(end, chunk_end);
   }
   {
     std::lock_guard<std::mutex> lock(r.mu);
     if (with_masses) {
-      for (int32_t b = 1; b <= last; ++b) r.mass[b - 1] += mass[b];
+      for (int32_t b = 0; b < end; ++b) r.mass[b] += mass[b];
     } else {
-      for (int32_t b = 1; b <= last; ++b) r.counts[b - 1] += counts[b];
+      for (int32_t b = 0; b < end; ++b) r.counts[b] += counts[b];
     }
   }
   if (with_masses) {
-    std::fill(mass, mass + last + 1, 0);
+    std::fill(mass, mass + end, 0);
   } else {
-    std::fill(counts, counts + last + 1, 0);
+    std::fill(counts, counts + end, 0);
   }
 }
 
@@ -325,33 +203,7 @@ void StartStage(int64_t gather_cap, RowState& r) {
 }
 
 void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
-  if (r.grid) return GridHistogram(args, row, c0, c1, r);
-  ThreadScratch& t = Scratch();
-  float* scratch = t.x.data();
-  const uint32_t lo = r.lo;
-  const uint32_t span = r.hi - r.lo;
-  const int shift = r.shift;
-  const float mx = r.mx;
-  const bool masses = r.Masses();
-  std::fill(t.counts.begin(), t.counts.begin() + r.bins, 0);
-  if (masses) std::fill(t.mass.begin(), t.mass.begin() + r.bins, 0);
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t begin = c * kChunk;
-    const int64_t n = std::min(kChunk, args.vocab - begin);
-    const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
-    for (int64_t j = 0; j < n; ++j) {
-      const uint32_t offset = KeyOf(z[j]) - lo;
-      if (offset > span) continue;
-      const uint32_t bin = offset >> shift;
-      ++t.counts[bin];
-      if (masses) t.mass[bin] += QuantisedMass(z[j], mx);
-    }
-  }
-  std::lock_guard<std::mutex> lock(r.mu);
-  for (int b = 0; b < r.bins; ++b) r.counts[b] += t.counts[b];
-  if (masses) {
-    for (int b = 0; b < r.bins; ++b) r.mass[b] += t.mass[b];
-  }
+  HistogramPass(args, row, c0, c1, r);
 }
 
 void Gather(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
@@ -384,7 +236,7 @@ void Advance(int64_t gather_cap, RowState& r) {
     return r.boundary_only ? FinishBoundary(gather_cap, r) : FinishGathered(gather_cap, r);
   }
   const bool top_p = r.stage == Stage::kTopP;
-  if (r.grid && top_p) {  // unpack GridHistogram's counts
+  if (top_p) {  // unpack HistogramPass's counts (bin_kernels.h)
     constexpr Mass kMassBits = (static_cast<Mass>(1) << 96) - 1;
     for (int b = 0; b < r.bins; ++b) {
       r.counts[b] = static_cast<int64_t>(r.mass[b] >> 96);

@@ -130,15 +130,12 @@ struct RowState {
 // Scratch of one thread.
 struct ThreadScratch {
   std::vector<float> x = std::vector<float>(kChunk);
-  std::vector<int64_t> counts = std::vector<int64_t>(kMaxBins);
-  std::vector<Mass> mass = std::vector<Mass>(kMaxBins);
   std::vector<Candidate> candidates;
-  // Grid passes: bin b at index b + 1, index 0 takes the tokens outside the stage. All zero
-  // between passes (a pass clears the bins it used).
-  std::vector<int64_t> grid_counts = std::vector<int64_t>(kGridBins + 2);
-  std::vector<Mass> grid_mass = std::vector<Mass>(kGridBins + 2);
-  std::vector<int32_t> bins = std::vector<int32_t>(kChunk);    // a chunk's grid bins + 1
-  std::vector<uint64_t> masses = std::vector<uint64_t>(kChunk);  // and quantised masses
+  // A histogram pass's bins (radix_select.cc), all zero between passes (a pass clears the
+  // bins it used).
+  std::vector<int64_t> counts = std::vector<int64_t>(kHistBins + 1);  // + a spare counter
+  std::vector<Mass> mass = std::vector<Mass>(kHistBins);
+  std::vector<int32_t> bins = std::vector<int32_t>(kChunk);  // a chunk's bins
 };
 
 // The calling thread's scratch (thread_local, allocated at its first use).
