@@ -5,8 +5,8 @@
 // Every filter keeps the tokens with z at or above a threshold (min-p: mx + log m; top-k: the
 // k-th largest survivor; top-p: the last value whose strictly-higher mass is < p * total), so a
 // filtered row is: find the thresholds, then draw over z >= all of them. Work runs in parallel
-// passes over (row, chunk) tasks of kChunk tokens (row_chunks.h; whole rows per task when
-// B >= threads), each row's state in a RowState (row_state.h):
+// passes over (row, token range) tasks read kChunk tokens at a time (row_chunks.h; whole rows
+// per task when B >= threads), each row's state in a RowState (row_state.h):
 //   1. stats   NaN / -inf / +inf flags, max and min finite z (x for greedy rows, which end
 //              here), then the row's plan (row_stats.h).
 //   2. select  (rows with top-k or top-p) the thresholds: a pass binning z on a fixed grid
@@ -66,20 +66,23 @@ struct FastCpuSampler::Impl {
     return !failed.load();
   }
 
-  // Runs fn(row, chunk_begin, chunk_end) over tasks covering every chunk of `rows`: one task per
-  // row when there are as many rows as threads, else each row in ~2 * threads / rows tasks of
-  // consecutive chunks (a task merges its histogram into the row's once: fewer, larger tasks
-  // merge less; two per thread balance a thread that starts late).
-  bool RunChunks(const std::vector<int64_t>& rows,
+  // Runs fn(row, token_begin, token_end) over tasks covering every token of `rows`: one task
+  // per row when there are as many rows as threads, else each row cut into ~2 * threads / rows
+  // equal ranges (multiples of 4 tokens: whole Philox blocks). Equal ranges balance the
+  // threads (19 chunks of a V = 151,936 row do not split evenly over 8); two per thread cover one that starts late; each
+  // task merges its histogram into the row's once. No result depends on the cut.
+  bool RunChunks(const std::vector<int64_t>& rows, int64_t vocab,
                  const std::function<void(int64_t, int64_t, int64_t)>& fn) {
     const int64_t n = static_cast<int64_t>(rows.size());
-    if (n == 0 || n >= pool.threads() || chunks == 1) {
-      return Run(n, [&](int64_t i) { fn(rows[i], 0, chunks); });
+    if (n == 0 || n >= pool.threads() || vocab <= kChunk) {
+      return Run(n, [&](int64_t i) { fn(rows[i], 0, vocab); });
     }
-    const int64_t per_row = std::min<int64_t>(chunks, (2 * pool.threads() + n - 1) / n);
-    return Run(n * per_row, [&](int64_t i) {
-      const int64_t part = i % per_row;
-      fn(rows[i / per_row], part * chunks / per_row, (part + 1) * chunks / per_row);
+    const int64_t parts = std::min<int64_t>(vocab / 4, (2 * pool.threads() + n - 1) / n);
+    return Run(n * parts, [&](int64_t i) {
+      const int64_t part = i % parts;
+      const int64_t t0 = (part * vocab / parts) & ~int64_t{3};
+      const int64_t t1 = part + 1 == parts ? vocab : ((part + 1) * vocab / parts) & ~int64_t{3};
+      fn(rows[i / parts], t0, t1);
     });
   }
 
@@ -135,10 +138,10 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
   // 2. Select: histogram and gather passes until every filtered row has its thresholds (at
   // most 4 histogram passes per stage: 32 key bits, 10 per pass).
   while (!selecting.empty()) {
-    if (!RunChunks(selecting, [&](int64_t row, int64_t c0, int64_t c1) {
+    if (!RunChunks(selecting, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
           RowState& r = *rows[row];
-          if (r.pass == Pass::kGather) return cpu_fast_internal::Gather(args, row, c0, c1, r);
-          cpu_fast_internal::Histogram(args, row, c0, c1, r);
+          if (r.pass == Pass::kGather) return cpu_fast_internal::Gather(args, row, t0, t1, r);
+          cpu_fast_internal::Histogram(args, row, t0, t1, r);
         })) {
       return false;
     }
@@ -159,8 +162,8 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
     const Plan plan = rows[row]->plan;
     if (plan == Plan::kDraw || plan == Plan::kTopTiesDraw) drawn.push_back(row);
   }
-  if (!RunChunks(drawn, [&](int64_t row, int64_t c0, int64_t c1) {
-        cpu_fast_internal::DrawChunks(args, row, c0, c1, *rows[row]);
+  if (!RunChunks(drawn, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
+        cpu_fast_internal::DrawChunks(args, row, t0, t1, *rows[row]);
       })) {
     return false;
   }

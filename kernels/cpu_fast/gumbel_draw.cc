@@ -204,7 +204,7 @@ SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_
 
 }  // namespace
 
-void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
+void DrawChunks(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
   float* scratch = Scratch().x.data();
   const RowParams& p = r.p;
   const PhiloxKey key = PhiloxKeyFromSeed(p.seed);
@@ -214,9 +214,8 @@ void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, Row
   const uint32_t top = KeyOf(r.mx);
   const uint32_t span = r.draw_key - top;
   const bool avx2 = UseAvx2();
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t begin = c * kChunk;
-    const int64_t n = std::min(kChunk, args.vocab - begin);
+  for (int64_t begin = t0; begin < t1; begin += kChunk) {
+    const int64_t n = std::min(kChunk, t1 - begin);
     if (r.plan == Plan::kTopTiesDraw) {
       LoadChunk(args, row, begin, n, scratch);
       for (int64_t j = 0; j < n; ++j) {

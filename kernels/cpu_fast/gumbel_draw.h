@@ -22,10 +22,11 @@ inline constexpr float kGumbelBelow = 2.9f;   // > minus the smallest Gumbel noi
 // Builds the table of noise bounds the draw uses (otherwise built at the first draw).
 void WarmNoiseBounds();
 
-// Draws over chunks [c0, c1) of row `row` and offers the chunks' best to r (under r.mu).
+// Draws over tokens [t0, t1) of row `row` (t0 % 4 == 0: whole Philox blocks) and offers their
+// best to r (under r.mu).
 // Plan::kDraw: over the survivors, keys in [KeyOf(r.mx), r.draw_key]; Plan::kTopTiesDraw:
 // uniformly over the tokens whose x is r.top_x.
-void DrawChunks(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r);
+void DrawChunks(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r);
 
 // Draws over r.candidates[0, kept) (sorted by z descending, then id) and offers the winner to
 // r. Stops at the first candidate below r.min_threshold or r.k_threshold (JOINT: not a

@@ -129,9 +129,9 @@ uint32_t FirstKeyOfGridBin(int b, const RowState& r) {
   return static_cast<uint32_t>(lo);
 }
 
-// A histogram pass over chunks [c0, c1) of a row: counts (and, for top-p, masses with the
+// A histogram pass over tokens [t0, t1) of a row: counts (and, for top-p, masses with the
 // counts packed in, bin_kernels.h) per bin into r.
-void HistogramPass(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
+void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
   ThreadScratch& t = Scratch();
   float* scratch = t.x.data();
   int64_t* counts = t.counts.data();
@@ -147,9 +147,8 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, 
   const bool avx2 = UseAvx2();
   const bool avx512 = UseAvx512();
   int32_t end = 0;  // 1 + the highest bin touched
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t begin = c * kChunk;
-    const int64_t n = std::min(kChunk, args.vocab - begin);
+  for (int64_t begin = t0; begin < t1; begin += kChunk) {
+    const int64_t n = std::min(kChunk, t1 - begin);
     const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
     int32_t chunk_end = 0;
 #if SAMPLERD_CPU_FAST_X86
@@ -202,20 +201,19 @@ void StartStage(int64_t gather_cap, RowState& r) {
   r.SetGrid(top, bottom);
 }
 
-void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
-  HistogramPass(args, row, c0, c1, r);
+void Histogram(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
+  HistogramPass(args, row, t0, t1, r);
 }
 
-void Gather(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r) {
+void Gather(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
   ThreadScratch& t = Scratch();
   float* scratch = t.x.data();
   const uint32_t top = r.gather_lo;
   const uint32_t span = r.gather_hi - top;
   const bool avx2 = UseAvx2();
   t.candidates.clear();
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t begin = c * kChunk;
-    const int64_t n = std::min(kChunk, args.vocab - begin);
+  for (int64_t begin = t0; begin < t1; begin += kChunk) {
+    const int64_t n = std::min(kChunk, t1 - begin);
     const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
     int64_t j = 0;
 #if SAMPLERD_CPU_FAST_X86

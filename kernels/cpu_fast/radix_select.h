@@ -30,13 +30,13 @@ namespace samplerd::kernels::cpu_fast_internal {
 // range, or a gather when the stage is known to hold <= gather_cap tokens.
 void StartStage(int64_t gather_cap, RowState& r);
 
-// The histogram pass over chunks [c0, c1) of row `row`: adds their tokens' counts (and, for
+// The histogram pass over tokens [t0, t1) of row `row` (t0 % 4 == 0): adds their counts (and, for
 // top-p, masses) per bin into r. Thread-safe against other chunks of the same row.
-void Histogram(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r);
+void Histogram(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r);
 
-// The gather pass over chunks [c0, c1) of row `row`: appends their tokens with keys in
+// The gather pass over tokens [t0, t1) of row `row`: appends those with keys in
 // [KeyOf(r.mx), r.gather_hi] to r.candidates. Thread-safe against other chunks of the same row.
-void Gather(const SampleArgs& args, int64_t row, int64_t c0, int64_t c1, RowState& r);
+void Gather(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r);
 
 // Runs once every chunk of the row's current pass is in. After a histogram pass: picks the bin
 // holding the stage's boundary, then refines it, gathers the tokens at or above it, or (a single
