@@ -164,12 +164,20 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
     }
     end = std::max(end, chunk_end);
   }
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
+  // Merge into r stripe by stripe (RowState::stripe_mu), starting at this task's own stripe.
+  constexpr int kStripes = RowState::kMergeStripes;
+  const int32_t stripe_bins = (end + kStripes - 1) / kStripes;
+  const uint32_t first = r.merge_ticket.fetch_add(1, std::memory_order_relaxed);
+  for (int k = 0; k < kStripes && stripe_bins > 0; ++k) {
+    const int stripe = static_cast<int>((first + k) % kStripes);
+    const int32_t b0 = stripe * stripe_bins;
+    const int32_t b1 = std::min(end, b0 + stripe_bins);
+    if (b0 >= b1) continue;
+    std::lock_guard<std::mutex> lock(r.stripe_mu[stripe]);
     if (with_masses) {
-      for (int32_t b = 0; b < end; ++b) r.mass[b] += mass[b];
+      for (int32_t b = b0; b < b1; ++b) r.mass[b] += mass[b];
     } else {
-      for (int32_t b = 0; b < end; ++b) r.counts[b] += counts[b];
+      for (int32_t b = b0; b < b1; ++b) r.counts[b] += counts[b];
     }
   }
   if (with_masses) {

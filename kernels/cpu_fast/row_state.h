@@ -5,6 +5,7 @@
 #define SAMPLERD_KERNELS_CPU_FAST_ROW_STATE_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -58,6 +59,11 @@ struct Candidate {
 // StartStage, Advance) run as the row's only task.
 struct RowState {
   std::mutex mu;
+  // Histogram merges lock one stripe of the bins at a time, each task starting at its own
+  // stripe (merge_ticket), so that tasks finishing together merge side by side.
+  static constexpr int kMergeStripes = 8;
+  std::mutex stripe_mu[kMergeStripes];
+  std::atomic<uint32_t> merge_ticket{0};
   Plan plan = Plan::kDone;
   RowParams p;
   float mx = 0.0f;
