@@ -160,7 +160,7 @@ SAMPLERD_AVX2 inline int32_t MassChunkAvx2(const BinSpec& s, const float* z, int
 SAMPLERD_AVX512_WARNINGS_OFF
 // MassChunkAvx2 with the masses 8 at a time (AVX-512 F + DQ).
 SAMPLERD_AVX512 inline int32_t MassChunkAvx512(const BinSpec& s, const float* z, int64_t n,
-                                                    Mass* mass) {
+                                               Mass* mass) {
   const ExpTable512 table;
   const BinsOf8 bins_of(s);
   const __m512d mxd = _mm512_set1_pd(static_cast<double>(s.mx));

@@ -69,8 +69,9 @@ struct FastCpuSampler::Impl {
   // Runs fn(row, token_begin, token_end) over tasks covering every token of `rows`: one task
   // per row when there are as many rows as threads, else each row cut into ~2 * threads / rows
   // equal ranges (multiples of 4 tokens: whole Philox blocks). Equal ranges balance the
-  // threads (19 chunks of a V = 151,936 row do not split evenly over 8); two per thread cover one that starts late; each
-  // task merges its histogram into the row's once. No result depends on the cut.
+  // threads (19 chunks of a V = 151,936 row do not split evenly over 8); two per thread cover one
+  // that starts late; each task merges its histogram into the row's once. No result depends on the
+  // cut.
   bool RunChunks(const std::vector<int64_t>& rows, int64_t vocab,
                  const std::function<void(int64_t, int64_t, int64_t)>& fn) {
     const int64_t n = static_cast<int64_t>(rows.size());

@@ -100,8 +100,7 @@ SAMPLERD_AVX2 inline void MulHiLo8(__m256i a, __m256i m, __m256i& hi, __m256i& l
 
 // Philox4x32x10 of the 8 blocks block[0, 8) (counters {block, 0, position}) : word i of
 // block b in out[i * 8 + b]. Integer ops only: the scalar function's bits.
-SAMPLERD_AVX2 void Philox8(const uint32_t* block, uint64_t position, PhiloxKey key,
-                           uint32_t* out) {
+SAMPLERD_AVX2 void Philox8(const uint32_t* block, uint64_t position, PhiloxKey key, uint32_t* out) {
   __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
   __m256i c1 = _mm256_setzero_si256();
   __m256i c2 = _mm256_set1_epi32(static_cast<int32_t>(position));
@@ -183,12 +182,12 @@ SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_
         const __m256i in = _mm256_cmpeq_epi32(_mm256_and_si256(masks, bit), bit);
         if (_mm256_testz_si256(in, in)) continue;
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(words + 8 * i));
-        const __m256 v = _mm256_mask_i32gather_ps(
-            _mm256_setzero_ps(), z, _mm256_add_epi32(first, _mm256_set1_epi32(i)),
-            _mm256_castsi256_ps(in), 4);
+        const __m256 v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), z,
+                                                  _mm256_add_epi32(first, _mm256_set1_epi32(i)),
+                                                  _mm256_castsi256_ps(in), 4);
         const __m256 g = _mm256_i32gather_ps(bound, _mm256_srli_epi32(w, kNoiseBucketShift), 4);
-        const __m256 ok = _mm256_and_ps(
-            _mm256_cmp_ps(_mm256_add_ps(v, g), floor_now, _CMP_GE_OQ), _mm256_castsi256_ps(in));
+        const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(_mm256_add_ps(v, g), floor_now, _CMP_GE_OQ),
+                                        _mm256_castsi256_ps(in));
         for (uint32_t bits = static_cast<uint32_t>(_mm256_movemask_ps(ok)); bits != 0;
              bits &= bits - 1) {
           const int q = __builtin_ctz(bits);

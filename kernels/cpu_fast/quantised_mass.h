@@ -86,7 +86,8 @@ SAMPLERD_AVX2 inline __m256i QuantisedMass4(__m256d x) {
   const __m256d scale = _mm256_castsi256_pd(_mm256_add_epi64(
       _mm256_castpd_si256(table), _mm256_slli_epi64(_mm256_srli_epi64(ki, 6), 52)));
   const __m256d r2 = _mm256_mul_pd(r, r);
-  __m256d inner = _mm256_add_pd(_mm256_set1_pd(1.0 / 120), _mm256_mul_pd(r, _mm256_set1_pd(1.0 / 720)));
+  __m256d inner =
+      _mm256_add_pd(_mm256_set1_pd(1.0 / 120), _mm256_mul_pd(r, _mm256_set1_pd(1.0 / 720)));
   inner = _mm256_add_pd(_mm256_set1_pd(1.0 / 24), _mm256_mul_pd(r, inner));
   inner = _mm256_add_pd(_mm256_set1_pd(1.0 / 6), _mm256_mul_pd(r, inner));
   inner = _mm256_add_pd(_mm256_set1_pd(0.5), _mm256_mul_pd(r, inner));
@@ -97,20 +98,21 @@ SAMPLERD_AVX2 inline __m256i QuantisedMass4(__m256d x) {
   // the other way is out of range (0) in each lane.
   const __m256i bits = _mm256_castpd_si256(v);
   const __m256i exponent = _mm256_srli_epi64(bits, 52);
-  const __m256i mantissa = _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x((1LL << 52) - 1)),
-                                           _mm256_set1_epi64x(1LL << 52));
-  const __m256i up = _mm256_sllv_epi64(mantissa, _mm256_sub_epi64(exponent, _mm256_set1_epi64x(1075)));
-  const __m256i down = _mm256_srlv_epi64(mantissa, _mm256_sub_epi64(_mm256_set1_epi64x(1075), exponent));
+  const __m256i mantissa = _mm256_or_si256(
+      _mm256_and_si256(bits, _mm256_set1_epi64x((1LL << 52) - 1)), _mm256_set1_epi64x(1LL << 52));
+  const __m256i up =
+      _mm256_sllv_epi64(mantissa, _mm256_sub_epi64(exponent, _mm256_set1_epi64x(1075)));
+  const __m256i down =
+      _mm256_srlv_epi64(mantissa, _mm256_sub_epi64(_mm256_set1_epi64x(1075), exponent));
   const __m256i in_range = _mm256_castpd_si256(_mm256_cmp_pd(x, _mm256_set1_pd(-44.0), _CMP_GE_OQ));
   return _mm256_and_si256(_mm256_or_si256(up, down), in_range);
 }
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wuninitialized reports
 // wherever they are inlined (a known false positive): silenced for the AVX-512 code.
-#define SAMPLERD_AVX512_WARNINGS_OFF                               \
-  _Pragma("GCC diagnostic push")                                   \
-  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")            \
-  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define SAMPLERD_AVX512_WARNINGS_OFF                                                   \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
+      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
 #define SAMPLERD_AVX512_WARNINGS_ON _Pragma("GCC diagnostic pop")
 
 SAMPLERD_AVX512_WARNINGS_OFF

@@ -14,8 +14,8 @@
 //     range (order_keys.h; <= kMaxBins bins per pass, at most 4 passes: 32 key bits, 10 per
 //     pass), each ending the same three ways.
 // At B = 1, V = 151,936 (randn * 3) a top-p 0.95 stage takes the grid pass and one gather of
-// a few hundred tokens, where the radix passes alone took 3-4 passes with an exp per token in the first
-// (tests/bench/HOST_PLANE_RESULTS.md, run 3). Internal to kernels/cpu_fast.
+// a few hundred tokens, where the radix passes alone took 3-4 passes with an exp per token in the
+// first (tests/bench/HOST_PLANE_RESULTS.md, run 3). Internal to kernels/cpu_fast.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_RADIX_SELECT_H_
 #define SAMPLERD_KERNELS_CPU_FAST_RADIX_SELECT_H_
 

@@ -83,11 +83,11 @@ struct RowState {
   int bins = 0;
   int64_t count_above = 0;  // stage tokens with key < lo
   Mass mass_above = 0;
-  Mass total = 0;            // top-p: mass of all the stage's tokens
-  uint32_t gather_lo = 0;    // gather pass: keys in [gather_lo, gather_hi]
+  Mass total = 0;          // top-p: mass of all the stage's tokens
+  uint32_t gather_lo = 0;  // gather pass: keys in [gather_lo, gather_hi]
   uint32_t gather_hi = 0;
   bool boundary_only = false;  // the gather holds one bin, below count_above / mass_above
-  int64_t stage_count = -1;  // tokens of the stage when known, else -1
+  int64_t stage_count = -1;    // tokens of the stage when known, else -1
   std::vector<int64_t> counts = std::vector<int64_t>(kHistBins);
   std::vector<Mass> mass = std::vector<Mass>(kHistBins);
   std::vector<Candidate> candidates;

@@ -565,10 +565,10 @@ TEST(FastCpuSamplerTest, GridBoundaryBinsMatchTheOracle) {
     for (int kind = 0; kind < 5; ++kind) {
       for (const RowParams& params : settings) {
         const Batch b = ShapedBatch(kind, 2, 40000, params, rng);
-        differences += Compare(b, RunFast(b, sampler), RunOracle(b),
-                               "cap " + std::to_string(cap) + " kind " + std::to_string(kind) +
-                                   " k " + std::to_string(params.top_k) + " p " +
-                                   std::to_string(params.top_p));
+        differences +=
+            Compare(b, RunFast(b, sampler), RunOracle(b),
+                    "cap " + std::to_string(cap) + " kind " + std::to_string(kind) + " k " +
+                        std::to_string(params.top_k) + " p " + std::to_string(params.top_p));
         rows += 2;
       }
     }
@@ -624,8 +624,17 @@ TEST(FastCpuSamplerTest, VectorQuantisedMassesAreTheScalarOnes) {
   if (!cpu_fast_internal::UseAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<float> below(-50.0f, 0.0f);
-  std::vector<float> z = {0.0f, -0.0f, -1e-30f, -1e-7f, -44.0f, std::nextafter(-44.0f, 0.0f),
-                          std::nextafter(-44.0f, -100.0f), -kInf, -43.99999f, -0.5f, -1.0f};
+  std::vector<float> z = {0.0f,
+                          -0.0f,
+                          -1e-30f,
+                          -1e-7f,
+                          -44.0f,
+                          std::nextafter(-44.0f, 0.0f),
+                          std::nextafter(-44.0f, -100.0f),
+                          -kInf,
+                          -43.99999f,
+                          -0.5f,
+                          -1.0f};
   for (int i = 0; i < 200000; ++i) z.push_back(below(rng));
   const float mxs[] = {0.0f, 1.5f, -7.25f, 13.21906f, 1000.0f};
   for (float mx : mxs) {
