@@ -146,6 +146,11 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
   const bool with_masses = r.Masses();
   const bool avx2 = UseAvx2();
   const bool avx512 = UseAvx512();
+  if (t.histogram_dirty) {  // an abandoned task's partial sums
+    std::fill(t.counts.begin(), t.counts.end(), 0);
+    std::fill(t.mass.begin(), t.mass.end(), 0);
+  }
+  t.histogram_dirty = true;
   int32_t end = 0;  // 1 + the highest bin touched
   for (int64_t begin = t0; begin < t1; begin += kChunk) {
     const int64_t n = std::min(kChunk, t1 - begin);
@@ -185,6 +190,7 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
   } else {
     std::fill(counts, counts + end, 0);
   }
+  t.histogram_dirty = false;
 }
 
 }  // namespace

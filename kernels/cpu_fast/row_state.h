@@ -138,7 +138,9 @@ struct ThreadScratch {
   std::vector<float> x = std::vector<float>(kChunk);
   std::vector<Candidate> candidates;
   // A histogram pass's bins (radix_select.cc), all zero between passes (a pass clears the
-  // bins it used).
+  // bins it used). `histogram_dirty` is set while a pass fills them: a task abandoned by its
+  // guard (a fault reading the logits) leaves it set, and the next pass clears them all.
+  bool histogram_dirty = false;
   std::vector<int64_t> counts = std::vector<int64_t>(kHistBins + 1);  // + a spare counter
   std::vector<Mass> mass = std::vector<Mass>(kHistBins);
   std::vector<int32_t> bins = std::vector<int32_t>(kChunk);  // a chunk's bins
