@@ -4,6 +4,11 @@
 // sampled tokens equal except at a float near-tie of the two best perturbed scores.
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -681,6 +686,74 @@ TEST(FastCpuSamplerTest, AQwenSizedRowGivesTheSameTokenOnAnyThreadCount) {
     }
     Compare(b, first, RunOracle(b), "B " + std::to_string(batch));
   }
+}
+
+thread_local sigjmp_buf* fault_jump = nullptr;
+
+void JumpOnFault(int) {
+  if (fault_jump != nullptr) siglongjmp(*fault_jump, 1);
+  std::abort();
+}
+
+TEST(FastCpuSamplerTest, ATaskAbandonedMidPassLeavesNoPartialHistogram) {
+  // As in the host plane: a guard that turns a fault reading the logits into a failed task
+  // (siglongjmp out of it). The fault here hits the top-p row's first histogram pass after
+  // part of the row was binned; the next call must not see those partial sums.
+  const int64_t vocab = 40000;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = (vocab * 4 + page - 1) / page * page;
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(memory, MAP_FAILED);
+  std::mt19937_64 rng(21);
+  // A flat row under top-p 0.3: partial sums left in the bins would move the boundary far
+  // down the row, and the near-uniform draw would then often pick a token past it.
+  Batch b = FlatBatch(1, vocab, 0.05f, 0.0f, P(1.0f, 0, 0.3f), rng);
+  std::memcpy(memory, b.bytes.data(), vocab * 4);
+  unsigned char* last_page = static_cast<unsigned char*>(memory) + bytes - page;
+
+  struct sigaction action = {};
+  struct sigaction old_segv = {}, old_bus = {};
+  action.sa_handler = JumpOnFault;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGSEGV, &action, &old_segv);
+  sigaction(SIGBUS, &action, &old_bus);
+  int calls = 0;
+  int fault_at = -1;  // the guard call that revokes the last page first
+  FastCpuSampler::Options options = Threads(1);
+  options.guard = [&](const std::function<void()>& task) {
+    const bool fault = ++calls == fault_at;
+    if (fault) mprotect(last_page, page, PROT_NONE);
+    sigjmp_buf jump;
+    bool ok = true;
+    if (sigsetjmp(jump, 1) == 0) {
+      fault_jump = &jump;
+      task();
+    } else {
+      ok = false;
+    }
+    fault_jump = nullptr;
+    if (fault) mprotect(last_page, page, PROT_READ | PROT_WRITE);
+    return ok;
+  };
+  FastCpuSampler sampler(options);
+  Outputs out;
+  SampleArgs args = ArgsFor(b, out);
+  args.logits = memory;
+  for (uint64_t position = 0; position < 12; ++position) {
+    b.params[0].position = position;
+    ASSERT_TRUE(sampler.Sample(args));
+    const int32_t token = out.tokens[0];
+    const int stats_tasks = static_cast<int>((vocab + 8191) / 8192);
+    fault_at = calls + stats_tasks + 1;  // the grid pass: one whole-row task on 1 thread
+    EXPECT_FALSE(sampler.Sample(args));
+    fault_at = -1;
+    ASSERT_TRUE(sampler.Sample(args));
+    EXPECT_EQ(out.tokens[0], token) << "position " << position;
+  }
+  Compare(b, out, RunOracle(b), "after an abandoned pass");
+  sigaction(SIGSEGV, &old_segv, nullptr);
+  sigaction(SIGBUS, &old_bus, nullptr);
+  munmap(memory, bytes);
 }
 
 }  // namespace
