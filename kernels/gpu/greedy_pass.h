@@ -125,32 +125,52 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
   for (int v = 0; v < kVecs; ++v) LoadVec<kDType>(row_ptr, vec_index(v), end, &x[v * kTokens]);
 
   uint32_t flags = 0;
+  float best = -kInfF;
+  int64_t best_j = INT64_MAX;
+  auto consider = [&](float value, int64_t j) {  // tokens in index order: `>` keeps the lowest
+    if (value != value) flags |= kSpanNan;
+    if (value > best) {
+      best = value;
+      best_j = j;
+    }
+  };
+  // Group i: tokens [i * 4, i * 4 + 4) of x.
+  constexpr int kGroups = kVecs * kTokens / 4;
+  auto group_at = [&](int i) { return vec_index(i / (kTokens / 4)) + (i % (kTokens / 4)) * 4; };
+  bool marked = false;  // this thread holds a token with a bias or penalty
+  RowProcessors::GroupBits bits{~0u, 0u};
   if constexpr (kProcs) {
+    // The words are loaded before anything waits for x[]: behind the loop below, their loads
+    // would only start once the logits had arrived, a second memory round trip.
+    bits = p.rows.procs.LoadBits<kGroups>(row, group_at, end);
 #pragma unroll
     for (int i = 0; i < kVecs * kTokens; ++i) {
       if (x[i] > -kInfF) flags |= kSpanRawFinite;
     }
-    // Group i: tokens [i * 4, i * 4 + 4) of x; every bitmask word loaded before any is used.
-    auto group_at = [&](int i) { return vec_index(i / (kTokens / 4)) + (i % (kTokens / 4)) * 4; };
-    const RowProcessors::GroupBits bits =
-        p.rows.procs.LoadBits<kVecs * kTokens / 4>(row, group_at, end);
+    marked = bits.mark != 0;
+    if (!marked) {
 #pragma unroll
-    for (int i = 0; i < kVecs * kTokens / 4; ++i) {
-      p.rows.procs.ApplyBits(row, group_at(i), bits, i, &x[i * 4]);
+      for (int i = 0; i < kGroups; ++i) p.rows.procs.ApplyAllowed(bits, i, &x[i * 4]);
     }
   }
-  float best = -kInfF;
-  int64_t best_j = INT64_MAX;
+  if (!marked) {
 #pragma unroll
-  for (int v = 0; v < kVecs; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
 #pragma unroll
-    for (int e = 0; e < kTokens; ++e) {
-      const float value = x[v * kTokens + e];
-      if (value != value) flags |= kSpanNan;
-      if (value > best) {
-        best = value;
-        best_j = vec_index(v) + e;
-      }
+      for (int e = 0; e < kTokens; ++e) consider(x[v * kTokens + e], vec_index(v) + e);
+    }
+  } else {
+    // A thread with an adjusted token re-reads its groups (from L1) and applies everything in a
+    // loop that is not unrolled: inlined into the unrolled path above, the adjusts' code held
+    // x[] and its own registers at once, 61 registers instead of 32 (half the blocks an SM).
+#pragma unroll 1
+    for (int i = 0; i < kGroups; ++i) {
+      float v[4];
+      const int64_t j = group_at(i);
+      LoadGroup<kDType>(row_ptr, j, end, v);
+      p.rows.procs.ApplyBits(row, j, bits, i, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) consider(v[e], j + e);
     }
   }
   if (best > -kInfF) flags |= kSpanFinite;

@@ -95,6 +95,11 @@ struct RowProcessors {
         if ((mark >> e) & 1u) v[e] = AdjustLogit(v[e], At(w, word, shift + e));
       }
     }
+    ApplyAllowed(bits, g, v);
+  }
+
+  // The bitmask alone on group g of LoadBits: all of ApplyBits when bits.mark is 0.
+  __device__ __forceinline__ void ApplyAllowed(const GroupBits& bits, int g, float* v) const {
     const uint32_t allow = bits.allow >> (4 * g);
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = (allow >> e) & 1u ? v[e] : Disallowed(v[e]);
