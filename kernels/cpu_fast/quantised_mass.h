@@ -32,14 +32,16 @@ inline const ExpTable& Exp2Table() {
   return table;
 }
 
+// The constants of ExpNonPositive and its vector forms: x = kd * ln 2 / 64 + r.
+inline constexpr double kInvLn2N = 64.0 / 0.69314718055994530942;
+inline constexpr double kLn2HiN = 0x1.62e42fefa0000p-7;   // ln 2 / 64, high part
+inline constexpr double kLn2LoN = 0x1.cf79abc9e3b3ap-46;  // ln 2 / 64 - kLn2HiN
+inline constexpr double kShift = 0x1.8p52;                // rounds x * kInvLn2N to an integer
+
 // exp(x) for x in [-44, 0] within ~2 ulp, branch-free: x = (k + i / 64) ln 2 + r with
 // |r| <= ln 2 / 128, exp(r) by its Taylor series to r^6 (error < 1e-17), 2^(i/64) from a table
 // and 2^k added to the exponent bits.
 inline double ExpNonPositive(double x) {
-  constexpr double kInvLn2N = 64.0 / 0.69314718055994530942;
-  constexpr double kLn2HiN = 0x1.62e42fefa0000p-7;   // ln 2 / 64, high part
-  constexpr double kLn2LoN = 0x1.cf79abc9e3b3ap-46;  // ln 2 / 64 - kLn2HiN
-  constexpr double kShift = 0x1.8p52;
   const double kd_shifted = x * kInvLn2N + kShift;
   uint64_t ki;
   std::memcpy(&ki, &kd_shifted, 8);
@@ -69,10 +71,6 @@ inline uint64_t QuantisedMass(float z, float mx) {
 // same order as ExpNonPositive (bit-identical results), the table read by a gather and the
 // truncation to an integer done on the bits (AVX2 has no double -> int64 conversion).
 SAMPLERD_AVX2 inline __m256i QuantisedMass4(__m256d x) {
-  constexpr double kInvLn2N = 64.0 / 0.69314718055994530942;
-  constexpr double kLn2HiN = 0x1.62e42fefa0000p-7;
-  constexpr double kLn2LoN = 0x1.cf79abc9e3b3ap-46;
-  constexpr double kShift = 0x1.8p52;
   const __m256d shift = _mm256_set1_pd(kShift);
   const __m256d kd_shifted = _mm256_add_pd(_mm256_mul_pd(x, _mm256_set1_pd(kInvLn2N)), shift);
   const __m256i ki = _mm256_castpd_si256(kd_shifted);
@@ -128,10 +126,6 @@ struct ExpTable512 {
 // QuantisedMass4 for 8 tokens with AVX-512 F + DQ: the same double operations in the same
 // order, the table read by permutes and the truncation by vcvttpd2uqq (exact below 2^64).
 SAMPLERD_AVX512 inline __m512i QuantisedMass8(__m512d x, const ExpTable512& t) {
-  constexpr double kInvLn2N = 64.0 / 0.69314718055994530942;
-  constexpr double kLn2HiN = 0x1.62e42fefa0000p-7;
-  constexpr double kLn2LoN = 0x1.cf79abc9e3b3ap-46;
-  constexpr double kShift = 0x1.8p52;
   const __m512d shift = _mm512_set1_pd(kShift);
   const __m512d kd_shifted = _mm512_add_pd(_mm512_mul_pd(x, _mm512_set1_pd(kInvLn2N)), shift);
   const __m512i ki = _mm512_castpd_si512(kd_shifted);
