@@ -116,8 +116,7 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   const int32_t* candidate_index = p.candidate_index + row * p.rows.chunks * kCandidateCap;
   if (p.top_logprobs < 0 && (IsGreedy(params) || DrawsInChunkPass(params, p.rows.vocab))) {
     // Pass 1 decided the token; the chunk stats only have to be combined (v16).
-    const int64_t token =
-        PassOneToken(stats, p.rows.chunks, IsGreedy(params), &sh.pass_one_token);
+    const int64_t token = PassOneToken(stats, p.rows.chunks, IsGreedy(params), &sh.pass_one_token);
     if (token >= 0) {
       if (threadIdx.x == 0) {
         p.token_ids[row] = static_cast<int32_t>(token);
