@@ -79,7 +79,14 @@ def check_auto(client, args, device):
             want = client.sample(logits, **p.unary_kwargs())
             tally.add(step, tokens[:batch].cpu().numpy(), status[:batch].cpu().numpy(),
                       want.tokens, want.row_status, p.greedy)
-    print("    auto picked: %s" % sorted(set(planes)), flush=True)
+        split = s.host_plane_max_batch
+    print("    auto picked: %s (host_plane_max_batch %d)" % (sorted(set(planes)), split), flush=True)
+    mps = client._cached_server_info().device_sessions.mps
+    check(split == (0 if mps else 1), "auto: host_plane_max_batch defaults to 1 without MPS, 0 "
+          "under it", "got %d with mps %s" % (split, mps))
+    wrong = [(b, pl) for b, pl in planes if pl != ("host" if b <= split else "gpu")]
+    check(not wrong, "auto: B <= host_plane_max_batch on the host plane, larger B on the GPU "
+          "plane", "got %s" % wrong[:5])
     tally.report("auto: tokens equal to unary")
 
 

@@ -30,12 +30,16 @@ thread holds. A step then costs no RPC:
       doorbell on the host and never parks a stream wait (a parked wait would block every
       device-wide synchronisation in the server: docs/DEVICE_SESSIONS.md).
     - ``plane="auto"``: the GPU plane when the server serves it, else the host plane. With
-      ``host_plane_max_batch = N > 0`` (default 0), B <= N goes to the host plane and larger B
-      to the GPU plane: the session then opens two server sessions (one per plane, each with its
-      own buffers) and picks one per sample() call by B; ``logits_buffer`` is then the GPU
-      plane's, and the host plane copies from it. The default follows the H200 measurements
-      (tests/bench/DEVICE_SESSION_RESULTS.md): the host plane only ties PyTorch at B = 1 with
-      top-k settings and loses badly on top-p alone, while the GPU plane wins from B = 32 on.
+      ``host_plane_max_batch = N > 0``, B <= N goes to the host plane and larger B to the GPU
+      plane: the session then opens two server sessions (one per plane, each with its own
+      buffers; the host plane's hold N rows unless the session has a processors buffer) and
+      picks one per sample() call by B; ``logits_buffer`` is then the GPU plane's, and the host
+      plane copies from it. The default (None) is 1 when the server runs without MPS
+      (GetServerInfo device_sessions.mps) and 0 under MPS, following the H200 decode loop
+      (tests/bench/DEVICE_SESSION_RESULTS.md): without MPS a GPU-plane step pays two context
+      switches (~270 us), and at B = 1 the host plane's CPU sampler is cheaper; from B = 4 on
+      the GPU plane wins. When the server refuses the default's second session
+      (RESOURCE_EXHAUSTED: --max_device_sessions), the session keeps the GPU plane alone.
 
 Faults: when the DeviceSession call ends without ``closed`` (the server died or drains), the
 watcher thread writes ``step_status = ABORTED`` and ``done = 1`` into the control block itself
@@ -91,10 +95,11 @@ class DeviceSession:
     when the session was opened with ``logprobs``).
     """
 
-    #: Default of ``host_plane_max_batch``: "auto" serves B <= this on the host plane (when the
-    #: server serves the GPU plane too). 0: the GPU plane for every B (measured best overall on
-    #: the H200, tests/bench/DEVICE_SESSION_RESULTS.md).
-    HOST_PLANE_MAX_BATCH = 0
+    #: Default of ``host_plane_max_batch`` without MPS: "auto" serves B <= this on the host
+    #: plane (when the server serves the GPU plane too). Under MPS the default is 0 (the GPU
+    #: plane for every B: a GPU-plane step then costs no context switch). Measured on the H200:
+    #: tests/bench/DEVICE_SESSION_RESULTS.md, "The engine decode loop".
+    HOST_PLANE_MAX_BATCH = 1
 
     def __init__(self, client: Any, max_batch: int = 128, vocab: int = 151936,
                  dtype: Any = "float32", plane: str = "auto", logprobs: Any = False,
@@ -115,8 +120,6 @@ class DeviceSession:
         self.max_batch = int(max_batch)
         self.vocab = int(vocab)
         self.dtype = dtype
-        self.host_plane_max_batch = (self.HOST_PLANE_MAX_BATCH if host_plane_max_batch is None
-                                     else int(host_plane_max_batch))
         self.close_timeout = close_timeout
         self.steps: Optional[int] = None
         self._closed = False
@@ -130,6 +133,10 @@ class DeviceSession:
         self.layout = layout
         self.torch_session = device is not None or plane == "gpu"
         support = client._cached_server_info().device_sessions
+        default_split = host_plane_max_batch is None
+        self.host_plane_max_batch = (
+            (0 if support.mps else self.HOST_PLANE_MAX_BATCH) if default_split
+            else int(host_plane_max_batch))
         if (layout.token_bitmask is not None or layout.processors is not None) and \
                 not support.processors:
             raise SamplerError(
@@ -150,7 +157,8 @@ class DeviceSession:
                 if want_gpu:
                     self._gpu = _TorchGpuPlane(client, torch, index, layout, dtype, source)
                 if want_host:
-                    self._host = _TorchHostPlane(client, torch, index, layout, dtype, source)
+                    self._host = self._open_torch_host(client, torch, index, layout, dtype,
+                                                       source, default_split and want_gpu)
         except BaseException:
             self._close_planes()
             raise
@@ -176,6 +184,27 @@ class DeviceSession:
                 f"sessions, got {self.client.target} without (GetServerInfo device_sessions: "
                 f"gpu_plane {support.gpu_plane}, host_plane {support.host_plane})")
         return host, gpu
+
+    def _open_torch_host(self, client: Any, torch: Any, index: int, layout: lay.Layout,
+                         dtype: str, source: Optional[int], optional: bool) -> Optional[_Plane]:
+        """The torch host plane. Beside a GPU plane it holds host_plane_max_batch rows (the
+        processors buffer is packed for max_batch rows, so a session with one keeps the full
+        layout). ``optional``: the default split, which a server at --max_device_sessions may
+        refuse; the session then keeps its GPU plane alone."""
+        rows = self.max_batch
+        if self._gpu is not None and layout.processors is None:
+            rows = max(1, min(self.max_batch, self.host_plane_max_batch))
+        if rows != self.max_batch:
+            layout = lay.Layout.of(rows, self.vocab, layout.itemsize,
+                                   layout.sampled_logprobs is not None,
+                                   bitmask=layout.token_bitmask is not None)
+        try:
+            return _TorchHostPlane(client, torch, index, layout, dtype, source)
+        except SamplerError as e:
+            if not optional or e.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            self.host_plane_max_batch = 0
+            return None
 
     def _plane_for(self, batch: int) -> _Plane:
         if self._gpu is not None and (self._host is None or batch > self.host_plane_max_batch):
