@@ -43,7 +43,7 @@ DeviceInfo SessionDevice(const Sampler& sampler, bool has_gpu_ipc) {
   return device;
 }
 
-// Whether a bias list or token history is packed in a region (read once the request is bound).
+// Whether a bias list or token history is packed in a region (read in Run, before sampling).
 bool ReadsProcessorLists(const SampleRequest& request) {
   return (request.logit_bias.has_value() && request.logit_bias->region.has_value()) ||
          (request.token_history.has_value() && request.token_history->region.has_value());
@@ -140,11 +140,9 @@ absl::Status SamplerCore::Queue(SampleRequest request, Callback done) {
   absl::StatusOr<BoundIo> io =
       BindSampleIo(request, *batch, *sampler_, *regions_, events_.get(), devices_);
   if (!io.ok()) return io.status();
-  if (ReadsProcessorLists(request)) {
-    RETURN_IF_ERROR(ReadProcessorLists(batch->batch, batch->vocab, *sampler_, *regions_,
-                                       gpu_ipc_.get(), devices_, &request, &*io));
-    RETURN_IF_ERROR(ValidateProcessors(request, &*batch));
-  }
+  // Bias lists and histories in regions are read in Run, on the executor thread: a GPU IPC
+  // slice's copy waits for the request's ready event, which must not block the caller (a gRPC
+  // reactor, sometimes holding its stream's lock).
   // Shared: the executor's tasks must be copyable, leases are not.
   auto bound = std::make_shared<BoundIo>(*std::move(io));
   executor_->Submit([this, request = std::move(request), batch = *std::move(batch),
@@ -163,7 +161,8 @@ void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bo
   metrics::SamplerMetrics* const metrics = options_.metrics;
   const absl::Time start = absl::Now();
   if (metrics != nullptr) metrics->ObserveQueueWait(start - request.arrival);
-  // Refused before the backend: the deadline first (a passed deadline also cancels the call).
+  // Refused before the backend: the deadline first (a passed deadline also cancels the call);
+  // last, lists in regions that cannot be read or fail the checks.
   absl::Status refused;
   if (start >= request.deadline) {
     refused = absl::DeadlineExceededError(
@@ -177,6 +176,8 @@ void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bo
     refused = FaultedError();
   } else if (cancelled_.load(std::memory_order_acquire)) {
     refused = CancelledByDrainError();
+  } else if (ReadsProcessorLists(request)) {
+    refused = ResolveProcessorLists(request, batch, bound);
   }
   if (!refused.ok()) {
     ReleaseAdmission();
@@ -231,6 +232,13 @@ void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bo
     done(status);
   }
   if (fatal && options_.on_fatal) options_.on_fatal(status);
+}
+
+absl::Status SamplerCore::ResolveProcessorLists(SampleRequest& request, ValidatedBatch& batch,
+                                                BoundIo& bound) {
+  RETURN_IF_ERROR(ReadProcessorLists(batch.batch, batch.vocab, *sampler_, *regions_, gpu_ipc_.get(),
+                                     devices_, &request, &bound));
+  return ValidateProcessors(request, &batch);
 }
 
 absl::Status SamplerCore::FaultedError() const {

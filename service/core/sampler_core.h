@@ -58,16 +58,18 @@ class SamplerCore {
   // N requests in flight, limit M") when limits().max_inflight requests are in flight,
   // INVALID_ARGUMENT or RESOURCE_EXHAUSTED when it is malformed or over the size limits,
   // FAILED_PRECONDITION when it names a device other than the backend's (MatchDevice),
-  // NOT_FOUND / OUT_OF_RANGE / FAILED_PRECONDITION for its regions and events (BindSampleIo,
-  // ReadProcessorLists).
+  // NOT_FOUND / OUT_OF_RANGE / FAILED_PRECONDITION for its regions and events (BindSampleIo).
   // Requests still queued when the backend faults get UNAVAILABLE through `done`, those whose
   // deadline passes in the queue DEADLINE_EXCEEDED, those cancelled meanwhile CANCELLED; none
-  // of them is computed.
+  // of them is computed. A bias list or token history packed in a region is read and checked
+  // on the executor thread before sampling: its errors (ReadProcessorLists, then
+  // ValidateProcessors) come through `done`, with the same codes and messages.
   // Otherwise `done` runs exactly once, later, on the executor thread; the region leases are
   // released right after it (an unregistered region is then closed off this thread). The
-  // request's inline data must stay alive until `done` runs. Never blocks on sampling; the
-  // first use of an IPC event handle opens it (a runtime call). A bias list or token history
-  // in a region is copied here, a GPU IPC one after the request's ready event.
+  // request's inline data must stay alive until `done` runs. Never blocks on sampling nor on
+  // the request's ready event; the first use of an IPC event handle opens it (a runtime call).
+  // A bias list or token history in a region is leased and copied on the executor thread, a
+  // GPU IPC one after the request's ready event.
   absl::Status SampleAsync(SampleRequest request, Callback done);
 
   // Stops accepting requests (later ones get UNAVAILABLE) and device sessions (ending the open
@@ -109,6 +111,11 @@ class SamplerCore {
   absl::Status Queue(SampleRequest request, Callback done);
   // Runs a queued request on the executor thread.
   void Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bound, const Callback& done);
+  // Reads the request's bias list and token history packed in regions into `request`, keeping
+  // their leases in `bound` (ReadProcessorLists), and merges them into `batch`
+  // (ValidateProcessors). On the executor thread: a GPU IPC slice is copied after the request's
+  // ready event, a wait no transport thread should make. Errors: those two functions'.
+  absl::Status ResolveProcessorLists(SampleRequest& request, ValidatedBatch& batch, BoundIo& bound);
   // Gives the admission slot back: right before the answer is handed to the caller.
   void ReleaseAdmission();
   // Ends the request for Drain: after its callback has run and its leases are released.

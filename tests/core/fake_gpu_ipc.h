@@ -1,6 +1,7 @@
 // A GpuIpc over host memory, for tests of regions and events without a GPU: "allocations" are
 // host buffers exported under made-up handles; it counts opens and closes, and lets a test wait
-// for a close that happens on the registry's closer thread.
+// for a close that happens on the registry's closer thread. Copies can be held back, as a ready
+// event the client has not recorded yet holds a real one.
 #ifndef SAMPLERD_TESTS_CORE_FAKE_GPU_IPC_H_
 #define SAMPLERD_TESTS_CORE_FAKE_GPU_IPC_H_
 
@@ -61,14 +62,30 @@ class FakeGpuIpc : public GpuIpc {
     ++event_closes_;
   }
 
-  // The "device" is host memory: a plain memcpy, counted with the event it waited for.
+  // The "device" is host memory: a plain memcpy, counted with the event it waited for and the
+  // thread it ran on. While copies are held (HoldCopies), waits for ReleaseCopies (up to 10 s).
   absl::Status CopyToHost(int ordinal, void* ready_event, const void* src, void* dst,
                           uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return !copies_held_; })) {
+      copies_held_ = false;  // a test that never releases fails once, not at every copy
+    }
     ++copies_;
     last_copy_event_ = ready_event;
+    last_copy_thread_ = std::this_thread::get_id();
     std::memcpy(dst, src, bytes);
     return absl::OkStatus();
+  }
+
+  // Makes CopyToHost wait until ReleaseCopies, like a copy behind a ready event not yet recorded.
+  void HoldCopies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    copies_held_ = true;
+  }
+  void ReleaseCopies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    copies_held_ = false;
+    cv_.notify_all();
   }
 
   // Waits (up to 10 s) until CloseMemory has run `n` times in all; false on timeout.
@@ -85,6 +102,10 @@ class FakeGpuIpc : public GpuIpc {
   void* last_copy_event() const {
     std::lock_guard<std::mutex> lock(mu_);
     return last_copy_event_;
+  }
+  std::thread::id last_copy_thread() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_copy_thread_;
   }
   std::thread::id last_close_thread() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -107,6 +128,8 @@ class FakeGpuIpc : public GpuIpc {
   int event_closes_ = 0;
   int copies_ = 0;
   void* last_copy_event_ = nullptr;
+  std::thread::id last_copy_thread_;
+  bool copies_held_ = false;
   std::thread::id last_close_thread_;
 };
 

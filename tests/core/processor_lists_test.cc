@@ -1,7 +1,8 @@
 // Logit-bias lists and token histories packed in registered regions (processors.proto:
 // LogitBias.region, TokenHistory.region): a host shm slice gives the same tokens and logprobs as
 // the same lists inline on the CPU backend; every malformed slice gets its exact status, and the
-// core keeps serving; a GPU IPC slice is copied through the GpuIpc after the ready event.
+// core keeps serving; a GPU IPC slice is copied through the GpuIpc after the ready event, on the
+// executor thread (SampleAsync, called on a gRPC thread, never waits for that copy).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -356,6 +358,7 @@ class AdjustRecorder : public Sampler {
     adjust_offsets = batch.adjust_offsets;
     adjusts = batch.adjusts;
     ready_event = io.ready_event;
+    sample_thread = std::this_thread::get_id();
     result->token_ids.assign(batch.batch, 0);
     result->row_status.assign(batch.batch, kernels::RowStatus::kOk);
     return absl::OkStatus();
@@ -366,47 +369,81 @@ class AdjustRecorder : public Sampler {
   std::vector<uint32_t> adjust_offsets;
   std::vector<kernels::TokenAdjust> adjusts;
   void* ready_event = nullptr;
+  std::thread::id sample_thread;
 };
 
-TEST(ListsInGpuIpc, AreCopiedThroughTheGpuIpcAfterTheReadyEvent) {
-  auto ipc = std::make_shared<FakeGpuIpc>();
-  CoreOptions options;
-  options.gpu_ipc = ipc;
-  auto sampler = std::make_unique<AdjustRecorder>();
-  AdjustRecorder* recorder = sampler.get();
-  SamplerCore core(options, std::move(sampler), /*seed_start=*/1);
-  std::vector<uint8_t> memory(4096, 0);
-  ASSERT_TRUE(
-      core.regions().RegisterGpuIpc("gpu", ipc->Export(&memory), 0, 4096, kFakeGpu.uuid).ok());
-  // Logits at 0 ([2, 8] fp32 = 64 bytes), the bias at 1024, the history at 2048.
-  const std::vector<uint8_t> bias = Pack(Bias({0, 1, 2}, {3, 5}, {2.0f, -1.0f}));
-  const std::vector<uint8_t> history = Pack(History({0, 0, 1}, {5}, {2}, {0}));
-  std::memcpy(memory.data() + 1024, bias.data(), bias.size());
-  std::memcpy(memory.data() + 2048, history.data(), history.size());
+// A core over a fake GPU backend with one GPU IPC region "gpu" of 4 KiB: logits at 0 ([2, 8]
+// fp32 = 64 bytes), a bias list at 1024, a token history at 2048.
+class ListsInGpuIpc : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoreOptions options;
+    options.gpu_ipc = ipc_;
+    auto sampler = std::make_unique<AdjustRecorder>();
+    recorder_ = sampler.get();
+    core_ = std::make_unique<SamplerCore>(options, std::move(sampler), /*seed_start=*/1);
+    ASSERT_TRUE(core_->regions()
+                    .RegisterGpuIpc("gpu", ipc_->Export(&memory_), 0, 4096, kFakeGpu.uuid)
+                    .ok());
+    const std::vector<uint8_t> bias = Pack(Bias({0, 1, 2}, {3, 5}, {2.0f, -1.0f}));
+    const std::vector<uint8_t> history = Pack(History({0, 0, 1}, {5}, {2}, {0}));
+    std::memcpy(memory_.data() + 1024, bias.data(), bias.size());
+    std::memcpy(memory_.data() + 2048, history.data(), history.size());
+  }
 
-  SampleRequest r;
-  r.dtype = kernels::DType::kFp32;
-  r.shape = {2, 8};
-  r.logits_region = RegionRef{"gpu", 0};
-  ParamsSpec p;
-  p.frequency_penalty = 0.5f;
-  r.params = {p};
-  r.ready_event = std::string(64, 'r');
-  r.logit_bias.emplace().region = RegionRef{"gpu", 1024};
-  r.token_history.emplace().region = RegionRef{"gpu", 2048};
-  absl::StatusOr<SampleResult> got = SampleAndWait(core, r);
+  // A request over the region's logits with both lists in the region and a ready event.
+  static SampleRequest Request() {
+    SampleRequest r;
+    r.dtype = kernels::DType::kFp32;
+    r.shape = {2, 8};
+    r.logits_region = RegionRef{"gpu", 0};
+    ParamsSpec p;
+    p.frequency_penalty = 0.5f;
+    r.params = {p};
+    r.ready_event = std::string(64, 'r');
+    r.logit_bias.emplace().region = RegionRef{"gpu", 1024};
+    r.token_history.emplace().region = RegionRef{"gpu", 2048};
+    return r;
+  }
+
+  std::shared_ptr<FakeGpuIpc> ipc_ = std::make_shared<FakeGpuIpc>();
+  std::vector<uint8_t> memory_ = std::vector<uint8_t>(4096, 0);
+  AdjustRecorder* recorder_ = nullptr;
+  std::unique_ptr<SamplerCore> core_;
+};
+
+TEST_F(ListsInGpuIpc, AreCopiedThroughTheGpuIpcAfterTheReadyEvent) {
+  absl::StatusOr<SampleResult> got = SampleAndWait(*core_, Request());
   ASSERT_TRUE(got.ok()) << got.status();
   // Two lists, each its offsets' word and then the whole slice.
-  EXPECT_EQ(ipc->copies(), 4);
-  EXPECT_NE(ipc->last_copy_event(), nullptr);
-  EXPECT_EQ(ipc->last_copy_event(), recorder->ready_event);
-  EXPECT_EQ(recorder->adjust_offsets, (std::vector<uint32_t>{0, 1, 2}));
-  ASSERT_EQ(recorder->adjusts.size(), 2u);
-  EXPECT_EQ(recorder->adjusts[0].token, 3);
-  EXPECT_EQ(recorder->adjusts[0].bias, 2.0f);
-  EXPECT_EQ(recorder->adjusts[1].token, 5);  // row 1: bias -1 and 2 outputs at 0.5 each
-  EXPECT_EQ(recorder->adjusts[1].bias, -1.0f);
-  EXPECT_EQ(recorder->adjusts[1].penalty, 1.0f);
+  EXPECT_EQ(ipc_->copies(), 4);
+  EXPECT_NE(ipc_->last_copy_event(), nullptr);
+  EXPECT_EQ(ipc_->last_copy_event(), recorder_->ready_event);
+  EXPECT_EQ(recorder_->adjust_offsets, (std::vector<uint32_t>{0, 1, 2}));
+  ASSERT_EQ(recorder_->adjusts.size(), 2u);
+  EXPECT_EQ(recorder_->adjusts[0].token, 3);
+  EXPECT_EQ(recorder_->adjusts[0].bias, 2.0f);
+  EXPECT_EQ(recorder_->adjusts[1].token, 5);  // row 1: bias -1 and 2 outputs at 0.5 each
+  EXPECT_EQ(recorder_->adjusts[1].bias, -1.0f);
+  EXPECT_EQ(recorder_->adjusts[1].penalty, 1.0f);
+}
+
+// SampleAsync runs on a gRPC thread (a unary handler, or a stream reactor holding its lock): it
+// must return while the copy still waits for the client's ready event, and the copy must run on
+// the executor thread that samples the request.
+TEST_F(ListsInGpuIpc, AreCopiedOnTheExecutorThreadNotTheCallersThread) {
+  ipc_->HoldCopies();
+  Answer answer;
+  ASSERT_TRUE(core_->SampleAsync(Request(), answer.Callback()).ok());
+  EXPECT_EQ(ipc_->copies(), 0) << "SampleAsync waited for the copies";
+  EXPECT_FALSE(answer.done.HasBeenNotified());
+  ipc_->ReleaseCopies();
+  answer.done.WaitForNotification();
+  ASSERT_TRUE(answer.result.ok()) << answer.result.status();
+  EXPECT_EQ(ipc_->copies(), 4);
+  EXPECT_NE(ipc_->last_copy_thread(), std::this_thread::get_id());
+  EXPECT_EQ(ipc_->last_copy_thread(), recorder_->sample_thread);
+  EXPECT_EQ(recorder_->adjusts.size(), 2u);
 }
 
 }  // namespace
