@@ -3,9 +3,9 @@
 // Pass 2 for a row whose MassPlan is kTwoPass: block (chunk c, row r) of MassDrawKernel reads
 // its chunk again. Tokens above the boundary bin compete in the Gumbel-max draw at once (queued,
 // then drawn with every lane busy); the boundary bin's tokens are appended to the row's boundary
-// list. The last block of the row sorts the list (split first when over kSortCap), keeps its prefix
-// by the top-p rule, draws among it and compares with every chunk's best (mass_finish.h): the row's
-// token.
+// list. The last block of the row sorts the list (split into sub-bins first when it holds more
+// than one token a thread), keeps its prefix by the top-p rule, draws among it and compares with
+// every chunk's best (mass_finish.h): the row's token.
 #ifndef SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
 #define SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
 
@@ -41,7 +41,11 @@ __device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
   const int n = static_cast<int>(plan.boundary_count);  // <= kBoundaryCap on kTwoPass
   const volatile uint32_t* list_key = ws.boundary_key + row * kBoundaryCap;
   const volatile int32_t* list_index = ws.boundary_index + row * kBoundaryCap;
-  for (int i = threadIdx.x; i < n && n <= kSortCap; i += kThreads) {
+  // Lists of up to one token a thread are sorted whole (by rank: cheap); longer ones are split
+  // into sub-bins first, so that only the crossing sub-bin's few tokens are sorted (v18: the
+  // bitonic sort of ~1,060 boundary tokens of a randn x 3 row took 21 us of top-p's 60 at B = 1).
+  const bool sort_whole = n <= kThreads;
+  for (int i = threadIdx.x; i < n && sort_whole; i += kThreads) {
     s.sort.key[i] = list_key[i];
     s.sort.index[i] = list_index[i];
   }
@@ -53,7 +57,7 @@ __device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
     if (j >= 0 && Better(scored, best)) best = scored;
   }
   best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: the list is in s.sort
-  if (n > kSortCap) {
+  if (!sort_whole) {
     return DrawWideBoundary<kThreads>(plan, n, list_key, list_index, chunk_max, chunk_scale, params,
                                       best, s, reduce);
   }

@@ -31,18 +31,26 @@ __device__ int64_t DrawBoundary(const MassPlan& plan, int n, const float* chunk_
                                 typename BlockReduce<kThreads>::Storage& reduce) {
   using Reduce = BlockReduce<kThreads>;
   if (threadIdx.x == 0) s.cut = static_cast<uint32_t>(n);
-  SortDescending<kThreads>(s, n);  // waits for the block before it reads
-  // Each thread owns kPer consecutive items: the mass strictly above a tie group's first item
-  // decides whether the group is kept (select.h's rule, in double).
-  constexpr int kPer = kSortCap / kThreads;
-  const int first = static_cast<int>(threadIdx.x) * kPer;
+  // Both wait for the block before they read. A list longer than one item a thread comes only
+  // from a crossing sub-bin of DrawWideBoundary (rare: ties at 1/16,384 logit).
+  if (n <= kThreads) {
+    SortFewDescending<kThreads>(s, n);
+  } else {
+    SortDescending<kThreads>(s, n);
+  }
+  // Each thread owns `per` consecutive items: the mass strictly above a tie group's first item
+  // decides whether the group is kept (select.h's rule, in double). As few as the list needs,
+  // so that short lists weigh their items in parallel (v18: kSortCap / kThreads = 16 a thread
+  // made one thread weigh a 9-item list alone, ~4,700 cycles).
+  const int per = (n + kThreads - 1) / kThreads;
+  const int first = static_cast<int>(threadIdx.x) * per;
   double mine = 0.0;
-  for (int i = first; i < first + kPer && i < n; ++i) {
+  for (int i = first; i < first + per && i < n; ++i) {
     mine += BoundaryWeight(s.sort.key[i], s.sort.index[i], chunk_max, chunk_scale);
   }
   double total = 0.0;
   double running = plan.mass_above + Reduce::ExclusiveScanF64(reduce, mine, &total);
-  for (int i = first; i < first + kPer && i < n; ++i) {
+  for (int i = first; i < first + per && i < n; ++i) {
     const bool group_start = i == 0 || s.sort.key[i] != s.sort.key[i - 1];
     if (group_start && !(running < plan.target)) {
       atomicMin(&s.cut, static_cast<uint32_t>(i));
@@ -65,8 +73,9 @@ __device__ int64_t DrawBoundary(const MassPlan& plan, int n, const float* chunk_
   return Reduce::ArgMax(reduce, best).index;
 }
 
-// The row's token when its boundary bin holds more tokens than one sort can take (n >
-// kSortCap; peaked rows put ~4,000 of N(0, 1) noise in one 1/8-logit bin): the bin is split
+// The row's token when its boundary bin holds more tokens than the block sorts whole (more than
+// one a thread: a randn x 3 row at p = 0.95 has ~1,000, a peaked row ~4,000 of N(0, 1) noise in
+// one 1/8-logit bin; up to kBoundaryCap): the bin is split
 // into kHistBins sub-bins by the fraction of 8z, each weighed in fixed point relative to the
 // bin's top (integer sums: the same in any order); the sub-bins above the one where the
 // mass crosses the target are kept whole, and that one is sorted and cut as DrawBoundary does.
