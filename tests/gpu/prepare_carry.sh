@@ -46,7 +46,7 @@ TARGETS=(samplerd samplerd_gpu_sampler_test samplerd_gpu_greedy_test samplerd_gp
          samplerd_capi samplerd_example_sample_random samplerd_gpu_ipc_runtime_test
          samplerd_ipc_producer_raw samplerd_bench_transports)
 # Targets carried when the tree has them (run_on_gpu.sh reports a missing one as a failed step).
-OPTIONAL_TARGETS=(samplerd_session_gpu_test bench_fast_cpu)
+OPTIONAL_TARGETS=(samplerd_session_gpu_test samplerd_cpp_session_gpu_test bench_fast_cpu)
 MISSING=()
 ninja -C "$BUILD" build.ninja >/dev/null  # re-runs CMake when a CMakeLists.txt changed
 for target in "${OPTIONAL_TARGETS[@]}"; do
@@ -74,6 +74,7 @@ declare -A BUILT=(
   [samplerd_ipc_producer_raw]="$BUILD/tests/gpu/samplerd_ipc_producer_raw"
   [samplerd_bench_transports]="$BUILD/tests/bench/gpu/samplerd_bench_transports"
   [samplerd_session_gpu_test]="$BUILD/tests/gpu/samplerd_session_gpu_test"
+  [samplerd_cpp_session_gpu_test]="$BUILD/tests/gpu/samplerd_cpp_session_gpu_test"
   [bench_fast_cpu]="$BUILD/tests/bench/bench_fast_cpu"
 )
 for target in "${MISSING[@]}"; do

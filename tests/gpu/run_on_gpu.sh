@@ -31,6 +31,9 @@
 #                         GPU memory back to baseline)
 #   pyclient_cuda         python_client_cuda.py: the Python client with CUDA tensors (GPU IPC regions
 #                         cached per allocation, ready events, fallbacks), tokens vs the CPU server
+#   cpp_session           samplerd_cpp_session_gpu_test: the C++ client's DeviceSession on the GPU
+#                         plane with a token bitmask and processors (this process the engine),
+#                         tokens and statuses vs the same server's unary Sample
 #   device_session        device_session_cuda.py: device sessions (host and GPU plane; eager, CUDA
 #                         graph, invalid rows, concurrency, engine / server SIGKILLed) vs unary
 #                         Sample, and the per-step overhead benchmark (device_session_bench.json /
@@ -63,7 +66,8 @@ usage: run_on_gpu.sh [--no-bench] [--bench-args "ARGS"] [--transport-args "ARGS"
                        "--planes gpu --checks eager,graph"
   --mps                start a private CUDA MPS control daemon first (every step runs under it)
   --only STEPS         comma-separated groups to run: sampler,processors,statistics,server,ipc,
-                       example,session_kernels,pyclient,device_session,engine,transports,bench
+                       example,session_kernels,pyclient,cpp_session,device_session,engine,
+                       transports,bench
   --timeout SECS       limit of each test step (default 240)
   --bench-timeout SECS limit of the benchmark (default 420)
   --deadline SECS      the whole run ends within this (default 570: a summary before a 600 s kill)
@@ -75,7 +79,7 @@ BENCH_ARGS=""
 TRANSPORT_ARGS=""
 SESSION_ARGS=""
 MPS=0
-ONLY="sampler,processors,statistics,server,example,ipc,session_kernels,pyclient,device_session,engine,transports,bench"
+ONLY="sampler,processors,statistics,server,example,ipc,session_kernels,pyclient,cpp_session,device_session,engine,transports,bench"
 ENGINE_ARGS=""
 STEP_TIMEOUT=240
 BENCH_TIMEOUT=420
@@ -259,7 +263,7 @@ GPU_UP=0 CPU_UP=0
 
 
 if selected server || selected example || selected ipc || selected pyclient ||
-   selected device_session || (selected engine && ((BENCH))) ||
+   selected cpp_session || selected device_session || (selected engine && ((BENCH))) ||
    (selected transports && ((BENCH))); then
   t0=$SECONDS
   log="$RESULTS/servers_start.log"
@@ -344,6 +348,20 @@ if selected server || selected example || selected ipc || selected pyclient ||
     else
       echo "not run: both servers are needed" >"$RESULTS/pyclient_cuda.log"
       record pyclient_cuda FAIL 0 "not run: both servers are needed"
+    fi
+  fi
+
+  # The C++ client's GPU-plane device session with processors, against the GPU server. Run
+  # even without the GPU server (when the binary is there): it then skips, which fails the step.
+  if selected cpp_session; then
+    if [[ -x "$BIN/samplerd_cpp_session_gpu_test" ]]; then
+      test_env=("${GRPC_ENV[@]}")
+      ((GPU_UP)) && test_env+=("SAMPLERD_TEST_GPU_SERVER=$GPU_TARGET")
+      run_step cpp_session "$STEP_TIMEOUT" "${test_env[@]}" "${LINEBUF[@]}" \
+        "$BIN/samplerd_cpp_session_gpu_test" "--gtest_output=xml:$RESULTS/cpp_session.xml"
+    else
+      echo "not run: samplerd_cpp_session_gpu_test is not in the payload" >"$RESULTS/cpp_session.log"
+      record cpp_session FAIL 0 "not run: samplerd_cpp_session_gpu_test missing (prepare_carry.sh)"
     fi
   fi
 
