@@ -115,7 +115,8 @@ struct DeviceSessionLayout {
 };
 
 // The layout of one allocation holding the buffers of a session with `options` (plane,
-// max_batch, vocab, row_stride, dtype, logprobs): every buffer for the host plane (its shm
+// max_batch, vocab, row_stride, dtype, logprobs, token_bitmask, processors and the two
+// processor capacities): every buffer for the host plane (its shm
 // object), the data buffers for the GPU plane (a GPU engine may allocate total_bytes once and
 // pass base + offset for each buffer).
 DeviceSessionLayout ComputeDeviceSessionLayout(const DeviceSessionOptions& options);
