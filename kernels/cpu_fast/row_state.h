@@ -87,10 +87,6 @@ struct RowState {
   uint32_t gather_lo = 0;  // gather pass: keys in [gather_lo, gather_hi]
   uint32_t gather_hi = 0;
   bool boundary_only = false;  // the gather holds one bin, below count_above / mass_above
-  // Top-p's boundary bin (keys [gather_lo, gather_hi]) is gathered by the draw pass itself,
-  // which draws over the keys above it; FinishBoundaryDraw then cuts the bin and draws over
-  // the part that survives (one pass over the row fewer: HOST_PLANE_RESULTS.md, run 4).
-  bool draw_boundary = false;
   int64_t stage_count = -1;    // tokens of the stage when known, else -1
   std::vector<int64_t> counts = std::vector<int64_t>(kHistBins);
   std::vector<Mass> mass = std::vector<Mass>(kHistBins);
