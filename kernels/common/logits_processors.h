@@ -54,8 +54,10 @@ SAMPLERD_HOST_DEVICE inline bool TokenAllowed(const uint32_t* row_words, int64_t
 }
 
 // The value a disallowed token takes: -inf, or NaN kept (see AdjustLogit).
+// One subtraction (-|x| - inf) rather than a NaN test and a select: NaN stays NaN, every other
+// value (finite or infinite) becomes -inf.
 SAMPLERD_HOST_DEVICE inline float Disallowed(float x) {
-  return x != x ? x : -__builtin_huge_valf();
+  return -__builtin_fabsf(x) - __builtin_huge_valf();
 }
 
 }  // namespace samplerd::kernels

@@ -66,21 +66,37 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
   }
   // The logits processors, once every load is in flight (row_processors.h). Their bits stay
-  // in two registers for the passes below, which re-read the chunk group by group.
+  // in two registers for the passes below, which re-read the chunk group by group. x[] gets
+  // the bias and penalties here; the mask is applied to it only by the paths that need the
+  // values (`mask_x` below): the others test `allowed(i)` as a predicate (v20).
   RowProcessors::GroupBits proc_bits{~0u, 0u};
   if constexpr (kProcs) {
     proc_bits = p.rows.procs.LoadBits<kItemsPerThread / 4>(
         row, [&](int g) { return ItemIndex(begin, g * 4); }, end);
 #pragma unroll
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
-      p.rows.procs.ApplyBits(row, ItemIndex(begin, g * 4), proc_bits, g, &x[g * 4]);
+      p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, &x[g * 4]);
     }
   }
+  auto allowed = [&](int i) { return !kProcs || RowProcessors::Allowed(proc_bits, i); };
+  auto mask_x = [&] {
+    if constexpr (kProcs) {
+#pragma unroll
+      for (int g = 0; g < kItemsPerThread / 4; ++g)
+        p.rows.procs.ApplyAllowed(proc_bits, g, &x[g * 4]);
+    }
+  };
   // Group g of this thread again (from L1), processed.
   auto load_group = [&](int g, float* v) {
     const int64_t j = ItemIndex(begin, g * 4);
     LoadGroup<kDType>(row_ptr, j, end, v);
     if constexpr (kProcs) p.rows.procs.ApplyBits(row, j, proc_bits, g, v);
+  };
+  // The same with the bias and penalties only: for loops that test allowed(g * 4 + e).
+  auto load_adjusted = [&](int g, float* v) {
+    const int64_t j = ItemIndex(begin, g * 4);
+    LoadGroup<kDType>(row_ptr, j, end, v);
+    if constexpr (kProcs) p.rows.procs.ApplyAdjusts(row, j, proc_bits, g, v);
   };
   // The row's parameters are read after the chunk's loads are issued, so that their latency
   // overlaps (ncu v5: blocks stalled on this load before their first logits load).
@@ -151,39 +167,44 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   };
   // Rows that need only the statistics of x (greedy; z = x at T = 1): the argmax and one
   // predicate a token for "NaN or +-inf"; the counts from a second look at the registers only
-  // in the threads that saw one (v13: ~11 -> ~5 instructions a token).
+  // in the threads that saw one (v13: ~11 -> ~5 instructions a token). The mask is a predicate
+  // here (x[] holds the adjusted logits): an allowed finite token is finite after it, so a
+  // thread with no special value counts its allowed bits.
   auto classify_x = [&]() {
     bool special = false;
 #pragma unroll
     for (int i = 0; i < kItemsPerThread; ++i) {
       const float v = x[i];
       special |= !(fabsf(v) < kInfF);
-      if (v > best_x) {
+      if (allowed(i) && v > best_x) {
         best_x = v;
         best_i = i;
       }
     }
     if (!special) {
-      finite_x = kItemsPerThread;  // every item finite (items past the row's end read -inf)
+      // every item finite (items past the row's end read -inf)
+      finite_x = kProcs ? __popc(proc_bits.allow) : kItemsPerThread;
       return;
     }
 #pragma unroll  // (a loop over x[] that is not unrolled would move x[] to local memory)
     for (int i = 0; i < kItemsPerThread; ++i) {
       const float v = x[i];
-      nan += v != v;
-      pinf_x += v == kInfF;
-      finite_x += v > -kInfF;
+      nan += v != v;  // the mask keeps NaN
+      pinf_x += allowed(i) && v == kInfF;
+      finite_x += allowed(i) && v > -kInfF;
     }
   };
   if (greedy) {
     classify_x();
   } else if (draws) {
+    mask_x();
     classify(std::true_type{}, std::true_type{});
   } else if (unit_temperature) {  // z = x: the statistics of x are those of z (v13)
     classify_x();
     pinf_z = pinf_x;
     max_z = best_x;
   } else {
+    mask_x();
     classify(std::true_type{}, std::false_type{});
   }
   const float thread_max_z = max_z;
@@ -199,11 +220,11 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 #pragma unroll 1
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
-      load_group(g, v);
+      load_adjusted(g, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float z = temper(v[e]);
-        if (!(z > -kInfF)) continue;
+        if (!(allowed(g * 4 + e) && z > -kInfF)) continue;
         min_z = fminf(min_z, z);
         AddToMassHistogram(mass_sh, z, max_z, top);
       }
@@ -285,10 +306,10 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 #pragma unroll 1
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
-      load_group(g, v);
+      load_adjusted(g, v);
       uint32_t here = 0;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) here += v[e] >= from;
+      for (int e = 0; e < 4; ++e) here += allowed(g * 4 + e) && v[e] >= from;
       mine += here;
       if (here > 0) groups |= 1u << g;
     }
@@ -298,10 +319,10 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       const int g = __ffs(groups) - 1;
       const int64_t group = ItemIndex(begin, g * 4);
       float v[4];
-      load_group(g, v);
+      load_adjusted(g, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (!(v[e] >= from)) continue;
+        if (!(allowed(g * 4 + e) && v[e] >= from)) continue;
         if (slot < static_cast<uint32_t>(kCandidateCap)) {
           p.candidate_key[slot_base + slot] = OrderedKey(temper(v[e]));
           p.candidate_index[slot_base + slot] = static_cast<int32_t>(group + e);

@@ -4,9 +4,10 @@
 // GreedyKernel: grid (spans per row, batch), kGreedyThreads threads. Block (s, r) reads span s of
 // row r, kVecs 16-byte vectors a thread with every load in flight at once, and finds the span's
 // argmax of x (the lowest index of the max; NaN never wins) and whether the span holds a NaN, an
-// x above -inf, and (with logits processors) a raw x above -inf. The row's last block to finish
-// (an atomic ticket, LastToArrive) combines the row's spans, writes the token and status exactly
-// as RowFinishKernel does for a greedy row, and zeroes the ticket for the next launch.
+// x above -inf. The row's last block to finish (an atomic ticket, LastToArrive) combines the
+// row's spans, writes the token and status exactly as RowFinishKernel does for a greedy row (with
+// logits processors, a row with nothing allowed reads its raw row again to tell kNoAllowed from
+// kNoFinite), and zeroes the ticket for the next launch.
 //
 // An argmax is exact in any order, so the span may depend on the dtype and the batch without
 // changing a token (batch invariance holds), unlike the sampling passes' fixed chunk.
@@ -36,7 +37,7 @@ inline constexpr int kGreedySpan = kGreedyThreads* kVecs* kVecTokens<kDType>;
 // What a span tells its row.
 inline constexpr uint32_t kSpanNan = 1;        // a NaN (after the processors)
 inline constexpr uint32_t kSpanFinite = 2;     // an x above -inf (after the processors)
-inline constexpr uint32_t kSpanRawFinite = 4;  // a raw x above -inf
+inline constexpr uint32_t kSpanRawFinite = 4;  // a raw x above -inf (found by the last block)
 
 struct GreedySpan {
   float value;     // the span's max x (-inf when no x is above -inf)
@@ -127,9 +128,11 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
   uint32_t flags = 0;
   float best = -kInfF;
   int64_t best_j = INT64_MAX;
-  auto consider = [&](float value, int64_t j) {  // tokens in index order: `>` keeps the lowest
+  // Tokens in index order: `>` keeps the lowest. `allowed`: the bitmask's bit, as a predicate
+  // on the adjusted logit (RowProcessors::Allowed; the mask keeps NaN).
+  auto consider = [&](float value, int64_t j, bool allowed) {
     if (value != value) flags |= kSpanNan;
-    if (value > best) {
+    if (allowed && value > best) {
       best = value;
       best_j = j;
     }
@@ -143,21 +146,16 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
     // The words are loaded before anything waits for x[]: behind the loop below, their loads
     // would only start once the logits had arrived, a second memory round trip.
     bits = p.rows.procs.LoadBits<kGroups>(row, group_at, end);
-#pragma unroll
-    for (int i = 0; i < kVecs * kTokens; ++i) {
-      if (x[i] > -kInfF) flags |= kSpanRawFinite;
-    }
     marked = bits.mark != 0;
-    if (!marked) {
-#pragma unroll
-      for (int i = 0; i < kGroups; ++i) p.rows.procs.ApplyAllowed(bits, i, &x[i * 4]);
-    }
   }
   if (!marked) {
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
 #pragma unroll
-      for (int e = 0; e < kTokens; ++e) consider(x[v * kTokens + e], vec_index(v) + e);
+      for (int e = 0; e < kTokens; ++e) {
+        const int i = v * kTokens + e;  // bit i of bits.allow (group i / 4, token i % 4)
+        consider(x[i], vec_index(v) + e, !kProcs || RowProcessors::Allowed(bits, i));
+      }
     }
   } else {
     // A thread with an adjusted token re-reads its groups (from L1) and applies everything in a
@@ -170,7 +168,7 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
       LoadGroup<kDType>(row_ptr, j, end, v);
       p.rows.procs.ApplyBits(row, j, bits, i, v);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) consider(v[e], j + e);
+      for (int e = 0; e < 4; ++e) consider(v[e], j + e, true);
     }
   }
   if (best > -kInfF) flags |= kSpanFinite;
@@ -191,6 +189,23 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
   }
   GreedySpan r;
   CombineGreedy(row_best, row_flags, waves, &r);
+  if constexpr (kProcs) {
+    // Nothing allowed above -inf: was there a raw x above -inf (kNoAllowed) or not (kNoFinite)?
+    // The block reads the raw row once to tell, on this error path only, rather than every
+    // span testing each token for it.
+    if (threadIdx.x == 0) ticket = r.flags;
+    __syncthreads();
+    if (!(ticket & (kSpanNan | kSpanFinite))) {
+      bool raw_finite = false;
+      for (int64_t j = static_cast<int64_t>(threadIdx.x) * 4; j < p.rows.vocab;
+           j += 4 * kGreedyThreads) {
+        float v[4];
+        LoadGroup<kDType>(row_ptr, j, p.rows.vocab, v);
+        raw_finite |= v[0] > -kInfF || v[1] > -kInfF || v[2] > -kInfF || v[3] > -kInfF;
+      }
+      if (__syncthreads_or(raw_finite)) r.flags |= kSpanRawFinite;
+    }
+  }
   if (threadIdx.x != 0) return;
   p.tickets[row] = 0;  // every block of the row has counted: ready for the next launch
   RowStatus status = RowStatus::kOk;

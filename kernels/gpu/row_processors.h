@@ -5,8 +5,10 @@
 // greedy pass, the top-p draw) load their groups' bits once (LoadBits) and apply them to each
 // group of 4 tokens (ApplyBits); RowSource (row_finish.h) applies them one token at a time
 // (Apply). Raw logprobs read the logits without them. A new per-token stage (say a DRY penalty)
-// is a change to Apply / ApplyBits (and LoadBits, if it needs per-token bits) and the host code
-// that fills the struct, and nothing else: no path choice depends on the processors.
+// is a change to Apply / ApplyAdjusts (and LoadBits, if it needs per-token bits; a stage that
+// disallows tokens folds its bits into GroupBits::allow, which the predicate loops read through
+// Allowed) and the host code that fills the struct, and nothing else: no path choice depends on
+// the processors.
 //
 // The sparse entries (bias, penalties) are found through a bit per token, `marked`, and the
 // index of each marked word's first entry, `first`, both set by MarkAdjustsKernel (sample.hip)
@@ -81,10 +83,17 @@ struct RowProcessors {
   }
 
   // The processors on group g of LoadBits (the 4 tokens at j; those past the row's end hold
-  // -inf and stay so). An adjust loads its word's mark again (rare: only groups holding a
-  // marked token).
+  // -inf and stay so).
   __device__ __forceinline__ void ApplyBits(int64_t row, int64_t j, const GroupBits& bits, int g,
                                             float* v) const {
+    ApplyAdjusts(row, j, bits, g, v);
+    ApplyAllowed(bits, g, v);
+  }
+
+  // The bias and penalties alone on group g of LoadBits. An adjust loads its word's mark again
+  // (rare: only groups holding a marked token).
+  __device__ __forceinline__ void ApplyAdjusts(int64_t row, int64_t j, const GroupBits& bits, int g,
+                                               float* v) const {
     const uint32_t mark = (bits.mark >> (4 * g)) & 0xfu;
     if (mark != 0u) {
       const int64_t w = row * words + (j >> 5);
@@ -95,7 +104,6 @@ struct RowProcessors {
         if ((mark >> e) & 1u) v[e] = AdjustLogit(v[e], At(w, word, shift + e));
       }
     }
-    ApplyAllowed(bits, g, v);
   }
 
   // The bitmask alone on group g of LoadBits: all of ApplyBits when bits.mark is 0.
@@ -103,6 +111,20 @@ struct RowProcessors {
     const uint32_t allow = bits.allow >> (4 * g);
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = (allow >> e) & 1u ? v[e] : Disallowed(v[e]);
+  }
+
+  // Whether item i of LoadBits's groups (token e = i % 4 of group g = i / 4) is allowed.
+  //
+  // The mask as a predicate (v20): the processed logit is `allowed ? a : Disallowed(a)`, a the
+  // logit after ApplyAdjusts, and Disallowed(a) is -inf or NaN. So a pass that only compares
+  // tokens with a value above -inf (a running max, a threshold, `> -inf`) may test
+  // `Allowed(bits, i) && a ...` on the adjusted logit instead of applying the mask first: the
+  // same outcome for every token, a predicate AND instead of a select chain. NaN is the one
+  // value the mask keeps, so NaN counts read `a` alone. Pass 1's cheapest loops
+  // (chunk_pass.h, greedy_pass.h) do this: the mask's select had doubled their ~5 instructions
+  // a token.
+  __device__ __forceinline__ static bool Allowed(const GroupBits& bits, int i) {
+    return (bits.allow >> i) & 1u;
   }
 
   // The adjust of the marked token at bit `bit` of word w (whose value is `mark`): the word's
