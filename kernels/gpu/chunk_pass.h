@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   RowProcessors::GroupBits proc_bits{~0u, 0u};
   if constexpr (kProcs) {
     proc_bits = p.rows.procs.LoadBits<kItemsPerThread / 4>(
-        row, [&](int g) { return ItemIndex(begin, g * 4); }, end);
+        row, ItemIndex(begin, 0), [](int g) { return g * kChunkThreads * 4; }, end);
 #pragma unroll
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, &x[g * 4]);

@@ -145,7 +145,12 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
   if constexpr (kProcs) {
     // The words are loaded before anything waits for x[]: behind the loop below, their loads
     // would only start once the logits had arrived, a second memory round trip.
-    bits = p.rows.procs.LoadBits<kGroups>(row, group_at, end);
+    bits = p.rows.procs.LoadBits<kGroups>(
+        row, vec_index(0),
+        [](int i) {
+          return (i / (kTokens / 4)) * kGreedyThreads * kTokens + (i % (kTokens / 4)) * 4;
+        },
+        end);
     marked = bits.mark != 0;
   }
   if (!marked) {

@@ -125,7 +125,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
       LoadGroup<kDType>(row_ptr, begin + local_at(g), end, &v[g * 4]);
     if (kProcs && procs.active()) {  // the logits processors, once every load is in flight
       const RowProcessors::GroupBits bits = procs.LoadBits<kGroups>(
-          row, [&](int g) { return begin + local_at(g); }, end);
+          row, begin + local_at(0), [](int g) { return g * kThreads * 4; }, end);
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
         procs.ApplyBits(row, begin + local_at(g), bits, g, &v[g * 4]);

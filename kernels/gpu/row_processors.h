@@ -49,33 +49,53 @@ struct RowProcessors {
     return x;
   }
 
-  // The processors' bits of kGroups groups of 4 tokens (group g at at(g), 4-aligned), with every
+  // The processors' bits of kGroups groups of 4 tokens, group g at j0 + off(g), with every
   // word load issued before any is used: bit 4g + e of GroupBits::allow / ::mark is token
-  // at(g) + e's. A pass that keeps them applies the processors with ApplyBits and never loads a
-  // word again (v12 loaded a group's word in every pass as it applied it: a dense mask cost
-  // 30-60% at B = 128). Groups at or past `end` read the row's word 0 instead (always there)
-  // and get allow 1111, mark 0000.
+  // j0 + off(g) + e's. A pass that keeps them applies the processors with ApplyBits and never
+  // loads a word again (v12 loaded a group's word in every pass as it applied it: a dense mask
+  // cost 30-60% at B = 128). Groups at or past `end` read the row's word 0 instead (always
+  // there) and get allow 1111, mark 0000.
+  //
+  // The layout every caller has (a thread's groups 32-token-strided from a 4-aligned j0, or
+  // 4 apart within one word): off(g) is a constant once unrolled, j0 % 4 == 0 and
+  // (j0 % 32) + (off(g) % 32) <= 28 for every g, so group g's word is j0's word + off(g) / 32 and
+  // its shift (j0 % 32) + off(g) % 32. A thread whose groups all start inside the row (all but
+  // the row's last few) then loads its words at constant offsets from one address and shifts
+  // them all by about the same amount: ~4 instructions a group, where the index arithmetic of
+  // each group (64-bit, clamped) had cost ~15 (v21).
   struct GroupBits {
     uint32_t allow;
     uint32_t mark;
   };
-  template <int kGroups, class At>
-  __device__ __forceinline__ GroupBits LoadBits(int64_t row, At at, int64_t end) const {
+  template <int kGroups, class Off>
+  __device__ __forceinline__ GroupBits LoadBits(int64_t row, int64_t j0, Off off,
+                                                int64_t end) const {
     static_assert(kGroups <= 8, "4 bits a group in 32");
     uint32_t allow_word[kGroups], mark_word[kGroups];
+    const int64_t row_word = row * words;
+    const int shift0 = static_cast<int>(j0 & 31);
+    const bool all_in = j0 + off(kGroups - 1) < end;
+    if (all_in) {
+      const int64_t w0 = row_word + (j0 >> 5);
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const int64_t j = at(g);
-      const int64_t w = row * words + (j < end ? j >> 5 : 0);
-      allow_word[g] = allowed != nullptr ? allowed[w] : ~0u;
-      mark_word[g] = marked != nullptr ? marked[w] : 0u;
+      for (int g = 0; g < kGroups; ++g) {
+        allow_word[g] = allowed != nullptr ? allowed[w0 + (off(g) >> 5)] : ~0u;
+        mark_word[g] = marked != nullptr ? marked[w0 + (off(g) >> 5)] : 0u;
+      }
+    } else {
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        const int64_t j = j0 + off(g);
+        const int64_t w = row_word + (j < end ? j >> 5 : 0);
+        allow_word[g] = allowed != nullptr ? allowed[w] : ~0u;
+        mark_word[g] = marked != nullptr ? marked[w] : 0u;
+      }
     }
     GroupBits bits{0u, 0u};
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      const int64_t j = at(g);
-      const int shift = static_cast<int>(j & 31);
-      const bool in = j < end;
+      const int shift = shift0 + (off(g) & 31);
+      const bool in = all_in || j0 + off(g) < end;
       bits.allow |= (in ? (allow_word[g] >> shift) & 0xfu : 0xfu) << (4 * g);
       bits.mark |= (in ? (mark_word[g] >> shift) & 0xfu : 0u) << (4 * g);
     }
