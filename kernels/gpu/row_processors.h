@@ -75,6 +75,7 @@ struct RowProcessors {
     const int64_t row_word = row * words;
     const int shift0 = static_cast<int>(j0 & 31);
     const bool all_in = j0 + off(kGroups - 1) < end;
+    GroupBits bits{0u, 0u};
     if (all_in) {
       const int64_t w0 = row_word + (j0 >> 5);
 #pragma unroll
@@ -82,20 +83,25 @@ struct RowProcessors {
         allow_word[g] = allowed != nullptr ? allowed[w0 + (off(g) >> 5)] : ~0u;
         mark_word[g] = marked != nullptr ? marked[w0 + (off(g) >> 5)] : 0u;
       }
-    } else {
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
-        const int64_t j = j0 + off(g);
-        const int64_t w = row_word + (j < end ? j >> 5 : 0);
-        allow_word[g] = allowed != nullptr ? allowed[w] : ~0u;
-        mark_word[g] = marked != nullptr ? marked[w] : 0u;
+        const int shift = shift0 + (off(g) & 31);
+        bits.allow |= ((allow_word[g] >> shift) & 0xfu) << (4 * g);
+        bits.mark |= ((mark_word[g] >> shift) & 0xfu) << (4 * g);
       }
+      return bits;
     }
-    GroupBits bits{0u, 0u};
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int64_t j = j0 + off(g);
+      const int64_t w = row_word + (j < end ? j >> 5 : 0);
+      allow_word[g] = allowed != nullptr ? allowed[w] : ~0u;
+      mark_word[g] = marked != nullptr ? marked[w] : 0u;
+    }
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       const int shift = shift0 + (off(g) & 31);
-      const bool in = all_in || j0 + off(g) < end;
+      const bool in = j0 + off(g) < end;
       bits.allow |= (in ? (allow_word[g] >> shift) & 0xfu : 0xfu) << (4 * g);
       bits.mark |= (in ? (mark_word[g] >> shift) & 0xfu : 0u) << (4 * g);
     }
@@ -130,7 +136,7 @@ struct RowProcessors {
   __device__ __forceinline__ void ApplyAllowed(const GroupBits& bits, int g, float* v) const {
     const uint32_t allow = bits.allow >> (4 * g);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = (allow >> e) & 1u ? v[e] : Disallowed(v[e]);
+    for (int e = 0; e < 4; ++e) v[e] = (allow & (1u << e)) != 0u ? v[e] : Disallowed(v[e]);
   }
 
   // Whether item i of LoadBits's groups (token e = i % 4 of group g = i / 4) is allowed.
@@ -143,8 +149,10 @@ struct RowProcessors {
   // value the mask keeps, so NaN counts read `a` alone. Pass 1's cheapest loops
   // (chunk_pass.h, greedy_pass.h) do this: the mask's select had doubled their ~5 instructions
   // a token.
+  // (A mask test, `allow & (1 << i)`, is one instruction that sets a predicate; `(allow >> i) & 1`
+  // compiled to three.)
   __device__ __forceinline__ static bool Allowed(const GroupBits& bits, int i) {
-    return (bits.allow >> i) & 1u;
+    return (bits.allow & (1u << i)) != 0u;
   }
 
   // The adjust of the marked token at bit `bit` of word w (whose value is `mark`): the word's
