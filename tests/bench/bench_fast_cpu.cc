@@ -8,7 +8,9 @@
 // BM_Oracle runs CpuSampleRows over the rows with `threads` std::threads (rows split evenly, as
 // the server's pool would); BM_Fast runs FastCpuSampler::Sample with `threads` threads (the
 // caller included; workers spin between iterations, as in a busy session). Per-iteration time
-// is one whole batch. Results: HOST_PLANE_RESULTS.md.
+// is one whole batch. BM_OracleTemperature / BM_FastTemperature: temperature 0.8 alone (plain
+// rows: the inverse-CDF draw) at V = 151,936 and 32,000, B in {1, 32}, threads 1 and 2.
+// Results: HOST_PLANE_RESULTS.md.
 //
 //   bench_fast_cpu --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
@@ -29,17 +31,17 @@ namespace {
 
 constexpr int64_t kVocab = 151936;
 
-std::vector<float> RandomLogits(int64_t batch, int64_t distribution, uint32_t seed) {
-  std::vector<float> logits(static_cast<size_t>(batch * kVocab));
+std::vector<float> RandomLogits(int64_t batch, int64_t vocab, int64_t distribution, uint32_t seed) {
+  std::vector<float> logits(static_cast<size_t>(batch * vocab));
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   if (distribution == 2) {
-    std::vector<int64_t> rank(kVocab);
-    for (int64_t j = 0; j < kVocab; ++j) rank[j] = j + 1;
+    std::vector<int64_t> rank(vocab);
+    for (int64_t j = 0; j < vocab; ++j) rank[j] = j + 1;
     for (int64_t row = 0; row < batch; ++row) {
       std::shuffle(rank.begin(), rank.end(), rng);
-      for (int64_t j = 0; j < kVocab; ++j) {
-        logits[row * kVocab + j] = -1.1f * std::log(static_cast<float>(rank[j]));
+      for (int64_t j = 0; j < vocab; ++j) {
+        logits[row * vocab + j] = -1.1f * std::log(static_cast<float>(rank[j]));
       }
     }
     return logits;
@@ -76,18 +78,24 @@ RowParams Setting(int64_t s) {
 }
 
 struct Fixture {
+  // Args B, S, threads, D at V = 151,936.
   explicit Fixture(benchmark::State& state)
-      : batch(state.range(0)),
-        threads(static_cast<int>(state.range(2))),
-        logits(RandomLogits(batch, state.range(3), 2024)),
-        params(1, Setting(state.range(1))),
+      : Fixture(state.range(0), kVocab, Setting(state.range(1)), static_cast<int>(state.range(2)),
+                state.range(3)) {}
+  Fixture(int64_t batch_size, int64_t vocab_size, const RowParams& p, int thread_count,
+          int64_t distribution)
+      : batch(batch_size),
+        vocab(vocab_size),
+        threads(thread_count),
+        logits(RandomLogits(batch, vocab, distribution, 2024)),
+        params(1, p),
         tokens(batch),
         status(batch) {
     args.logits = logits.data();
     args.dtype = DType::kFp32;
     args.batch = batch;
-    args.vocab = kVocab;
-    args.row_stride = kVocab;
+    args.vocab = vocab;
+    args.row_stride = vocab;
     args.params = params.data();
     args.params_count = 1;
     args.token_ids = tokens.data();
@@ -99,6 +107,7 @@ struct Fixture {
   }
 
   int64_t batch;
+  int64_t vocab;
   int threads;
   std::vector<float> logits;
   std::vector<RowParams> params;
@@ -107,8 +116,7 @@ struct Fixture {
   SampleArgs args;
 };
 
-void BM_Oracle(benchmark::State& state) {
-  Fixture f(state);
+void RunOracle(benchmark::State& state, Fixture& f) {
   const int workers = static_cast<int>(std::min<int64_t>(f.threads, f.batch));
   for (auto _ : state) {
     std::vector<std::thread> pool;
@@ -123,8 +131,7 @@ void BM_Oracle(benchmark::State& state) {
   f.Report(state);
 }
 
-void BM_Fast(benchmark::State& state) {
-  Fixture f(state);
+void RunFast(benchmark::State& state, Fixture& f) {
   FastCpuSampler::Options options;
   options.threads = f.threads;
   options.spin_us = 100000;
@@ -134,6 +141,29 @@ void BM_Fast(benchmark::State& state) {
     benchmark::DoNotOptimize(f.tokens.data());
   }
   f.Report(state);
+}
+
+void BM_Oracle(benchmark::State& state) {
+  Fixture f(state);
+  RunOracle(state, f);
+}
+
+void BM_Fast(benchmark::State& state) {
+  Fixture f(state);
+  RunFast(state, f);
+}
+
+// Plain-temperature rows (T 0.8, no filter) at a chosen vocabulary: args B, V, threads, D.
+void BM_OracleTemperature(benchmark::State& state) {
+  Fixture f(state.range(0), state.range(1), Setting(4), static_cast<int>(state.range(2)),
+            state.range(3));
+  RunOracle(state, f);
+}
+
+void BM_FastTemperature(benchmark::State& state) {
+  Fixture f(state.range(0), state.range(1), Setting(4), static_cast<int>(state.range(2)),
+            state.range(3));
+  RunFast(state, f);
 }
 
 void Args(benchmark::internal::Benchmark* b) {
@@ -148,8 +178,22 @@ void Args(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
+void TemperatureArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "V", "threads", "D"});
+  for (int64_t d : {0, 1, 2}) {
+    for (int64_t batch : {1, 32}) {
+      for (int64_t vocab : {kVocab, int64_t{32000}}) {
+        for (int64_t threads : {1, 2}) b->Args({batch, vocab, threads, d});
+      }
+    }
+  }
+  b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
 BENCHMARK(BM_Oracle)->Apply(Args);
 BENCHMARK(BM_Fast)->Apply(Args);
+BENCHMARK(BM_OracleTemperature)->Apply(TemperatureArgs);
+BENCHMARK(BM_FastTemperature)->Apply(TemperatureArgs);
 
 }  // namespace
 }  // namespace samplerd::kernels
