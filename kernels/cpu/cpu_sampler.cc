@@ -2,10 +2,11 @@
 //
 // Written to be read next to the spec, not to be fast: every filter is a plain pass over the row
 // (the k-th value and the top-p mass come from one sort by z), and every reduction that can move a
-// decision runs in double in a fixed order, so repeated runs are bitwise identical. The choices
-// the spec leaves open are listed in kernels/README.md ("CPU semantics"). The logits processors
-// (logit bias, penalties, allowed-token bitmask) act on the row before everything else, through
-// kernels/common/logits_processors.h, the transform the GPU kernels share.
+// decision runs in double in a fixed order, so repeated runs are bitwise identical. Rows with
+// temperature alone are drawn by inverse CDF (inverse_cdf_draw.h), the others by Gumbel-max. The
+// choices the spec leaves open are listed in kernels/README.md ("CPU semantics"). The logits
+// processors (logit bias, penalties, allowed-token bitmask) act on the row before everything else,
+// through kernels/common/logits_processors.h, the transform the GPU kernels share.
 #include "kernels/cpu/cpu_sampler.h"
 
 #include <algorithm>
@@ -16,11 +17,13 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/common/inverse_cdf.h"
 #include "kernels/common/logits_processors.h"
 #include "kernels/common/philox.h"
 #include "kernels/common/sampling_types.h"
 #include "kernels/cpu/cpu_logprobs.h"
 #include "kernels/cpu/half_float.h"
+#include "kernels/cpu/inverse_cdf_draw.h"
 
 namespace samplerd::kernels {
 namespace {
@@ -191,7 +194,8 @@ struct RowDraw {
   float mx = 0.0f;  // max z when kind == kFiltered
 };
 
-// Steps 1-6 of the spec for one valid row (no NaN, some logit > -inf). Fills s.z and s.keep.
+// Steps 1-6 of the spec for one valid row (no NaN, some logit > -inf). Fills s.z and s.keep;
+// sorts by z only for rows with a filter.
 // Returns token -1 only for a NaN z, which needs an unvalidated temperature (NaN or +inf).
 RowDraw DrawRow(const RowParams& p, int64_t n, RowScratch& s) {
   const float* x = s.x.data();
@@ -215,6 +219,9 @@ RowDraw DrawRow(const RowParams& p, int64_t n, RowScratch& s) {
   }
   // -inf tokens have probability 0: they never survive, so no filter has to think about them.
   for (int64_t j = 0; j < n; ++j) keep[j] = z[j] != -kInf;
+  // Temperature alone: the inverse-CDF draw (step 6), which needs neither the order nor noise.
+  // z and keep stay filled: the processed logprobs are softmax(z) over them all.
+  if (IsPlainTemperature(p, n)) return {InverseCdfDraw(x, n, p), DrawKind::kFiltered, mx};
 
   int32_t* order = s.order.data();
   for (int64_t j = 0; j < n; ++j) order[j] = static_cast<int32_t>(j);

@@ -22,6 +22,7 @@ using ::samplerd::kernels::testing::kNaN;
 using ::samplerd::kernels::testing::Params;
 using ::samplerd::kernels::testing::RandomLogits;
 using ::samplerd::kernels::testing::ReferenceDraw;
+using ::samplerd::kernels::testing::ReferenceGumbelDraw;
 using ::samplerd::kernels::testing::RowResult;
 using ::samplerd::kernels::testing::SampleBatch;
 using ::samplerd::kernels::testing::SampleOne;
@@ -311,8 +312,11 @@ TEST(CpuSampler, OutOfContractParametersNeverCrashOrEmptyARow) {
   negative_k.top_k = -5;
   for (const RowParams& p : {zero_p, negative_k}) {
     EXPECT_EQ(SampleOne(x, p).status, RowStatus::kOk);
-    EXPECT_EQ(SampleOne(x, p).token, ReferenceDraw(x, Params(1.0f, p.seed)));
   }
+  // Both filters are off. k = -5 leaves a plain-temperature row (the inverse-CDF draw); p = 0
+  // is not plain (IsPlainTemperature), so its row keeps the Gumbel-max draw over every token.
+  EXPECT_EQ(SampleOne(x, negative_k).token, ReferenceDraw(x, Params(1.0f, negative_k.seed)));
+  EXPECT_EQ(SampleOne(x, zero_p).token, ReferenceGumbelDraw(x, Params(1.0f, zero_p.seed)));
   EXPECT_EQ(SampleOne(x, Params(-1.0f)).token, 1);  // negative temperature: greedy
   const RowResult nan_t = SampleOne(x, Params(kNaN), 1);
   EXPECT_EQ(nan_t.status, RowStatus::kNan);

@@ -69,6 +69,20 @@ TEST(CpuSamplerStats, TemperatureSamplingFitsSoftmaxOfScaledLogits) {
   ExpectFitsTheReferenceDistribution(RandomLogits(50, 102, -3.0f, 3.0f), Params(0.7f, 103));
 }
 
+// Plain-temperature rows (temperature alone) are drawn by inverse CDF, the others by Gumbel-max
+// (DESIGN.md step 6): the tests above and these cover the first.
+TEST(CpuSamplerStats, PlainRowsFitSoftmaxAtLowAndHighTemperature) {
+  ExpectFitsTheReferenceDistribution(RandomLogits(200, 120, -2.0f, 2.0f), Params(0.3f, 121));
+  ExpectFitsTheReferenceDistribution(RandomLogits(1000, 122, -3.0f, 3.0f), Params(2.5f, 123));
+}
+
+TEST(CpuSamplerStats, PlainRowWithTiesAndMinusInfinityFitsSoftmax) {
+  std::vector<float> x = RandomLogits(300, 124, -3.0f, 3.0f);
+  for (size_t j = 0; j < x.size(); ++j) x[j] = std::round(x[j] * 2.0f) / 2.0f;  // ties
+  for (size_t j = 5; j < x.size(); j += 7) x[j] = -kInf;
+  ExpectFitsTheReferenceDistribution(x, Params(0.8f, 125));
+}
+
 TEST(CpuSamplerStats, TopKSamplingFitsTheRenormalisedTopK) {
   RowParams p = Params(1.0f, 104);
   p.top_k = 10;
@@ -112,6 +126,34 @@ TEST(CpuSamplerStats, ProcessedSamplingFitsTheRenormalisedProcessedDistribution)
   }
   const ChiSquare chi = Pearson(counts, prob, kDraws);
   ASSERT_GE(chi.df, 2) << "setting too concentrated to test";
+  EXPECT_LT(chi.statistic, ChiSquareCritical(chi.df, kAlpha)) << "df " << chi.df;
+}
+
+TEST(CpuSamplerStats, ProcessedPlainRowFitsSoftmaxOfTheProcessedRow) {
+  const std::vector<float> x = RandomLogits(80, 126, -3.0f, 3.0f);
+  const std::vector<TokenAdjust> adjusts = {Bias(4, 2.5f), Penalised(9, 1.3f, 0.4f),
+                                            Bias(30, -kInf), Bias(61, -1.5f)};
+  std::vector<int32_t> allowed;
+  for (int32_t t = 0; t < 80; ++t) {
+    if (t % 5 != 2) allowed.push_back(t);
+  }
+  const std::vector<uint32_t> mask = MaskAllowing(80, allowed);
+  const RowParams p = Params(1.1f, 127);
+  const std::vector<double> prob = ReferenceDistribution(ExpectedProcessed(x, adjusts, mask), p);
+  testing::BatchProcessors proc;
+  proc.adjusts.assign(kDraws, adjusts);
+  proc.masks.assign(kDraws, mask);
+  std::vector<RowParams> params(kDraws, p);
+  for (int i = 0; i < kDraws; ++i) params[i].position = static_cast<uint64_t>(i);
+  std::vector<int64_t> counts(x.size(), 0);
+  for (const RowResult& r :
+       SampleProcessed(std::vector<std::vector<float>>(kDraws, x), params, proc)) {
+    ASSERT_TRUE(r.token >= 0 && prob[r.token] > 0.0)
+        << "drew token " << r.token << " outside the support";
+    ++counts[r.token];
+  }
+  const ChiSquare chi = Pearson(counts, prob, kDraws);
+  ASSERT_GE(chi.df, 2);
   EXPECT_LT(chi.statistic, ChiSquareCritical(chi.df, kAlpha)) << "df " << chi.df;
 }
 

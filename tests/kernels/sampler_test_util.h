@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/common/inverse_cdf.h"
 #include "kernels/common/philox.h"
 #include "kernels/common/sampling_types.h"
 #include "kernels/cpu/cpu_sampler.h"
@@ -189,10 +190,10 @@ inline std::vector<double> ReferenceDistribution(const std::vector<float>& x, co
   return prob;
 }
 
-// The token the Gumbel-max draw must return: argmax over the reference support of z_j + G_j in
+// The token the Gumbel-max draw returns: argmax over the reference support of z_j + G_j in
 // fp32 (G_j alone when max z is not finite), lowest index on ties. Uses the Philox stream that
 // philox_test.cc checks against known answers.
-inline int32_t ReferenceDraw(const std::vector<float>& x, const RowParams& p) {
+inline int32_t ReferenceGumbelDraw(const std::vector<float>& x, const RowParams& p) {
   const std::vector<bool> keep = ReferenceSupport(x, p);
   const std::vector<float> z = Scaled(x, p.temperature);
   const bool uniform = TopTiesRow(z);
@@ -208,6 +209,38 @@ inline int32_t ReferenceDraw(const std::vector<float>& x, const RowParams& p) {
     }
   }
   return best;
+}
+
+// The token the inverse-CDF draw of a plain-temperature row returns (finite max z), written
+// from kernels/common/inverse_cdf.h without the oracle's code: all masses first, then the
+// prefix sums, then the first prefix above u * total (the last token of mass > 0 if none is).
+inline int32_t ReferenceInverseCdfDraw(const std::vector<float>& x, const RowParams& p) {
+  const double x_max = *std::max_element(x.begin(), x.end());
+  const double inv_t = InverseTemperature(p.temperature);
+  std::vector<double> prefix(x.size());
+  double sum = 0.0;
+  for (size_t j = 0; j < x.size(); ++j) {
+    sum += InverseCdfMass(x[j], x_max, inv_t);
+    prefix[j] = sum;
+  }
+  const double target = RowUniform(p.seed, p.position) * sum;
+  int32_t last = -1;
+  for (size_t j = 0; j < x.size(); ++j) {
+    const bool has_mass = InverseCdfMass(x[j], x_max, inv_t) > 0.0;
+    if (has_mass && prefix[j] > target) return static_cast<int32_t>(j);
+    if (has_mass) last = static_cast<int32_t>(j);
+  }
+  return last;
+}
+
+// The token the sampler must return for a non-greedy row without NaN: the inverse-CDF draw for
+// plain-temperature rows with a finite max z, else the Gumbel-max draw (DESIGN.md step 6).
+inline int32_t ReferenceDraw(const std::vector<float>& x, const RowParams& p) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  if (IsPlainTemperature(p, n) && !TopTiesRow(Scaled(x, p.temperature))) {
+    return ReferenceInverseCdfDraw(x, p);
+  }
+  return ReferenceGumbelDraw(x, p);
 }
 
 // Deterministic logits uniform in [lo, hi) from a fixed-seed mt19937 (its raw output is fully
