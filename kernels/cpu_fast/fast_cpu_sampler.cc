@@ -14,8 +14,12 @@
 //              order-preserving integer keys of z (radix_select.h, order_keys.h). Masses are
 //              exp(z - mx) quantised to 2^-62 units and summed as integers, so no sum depends on
 //              how tokens were split over tasks (quantised_mass.h).
-//   3. draw    Gumbel-max over the survivors z >= threshold, skipping the noise (and its logs)
-//              wherever it provably cannot win, so the token is the oracle's (gumbel_draw.h).
+//   3. draw    plain-temperature rows (temperature alone, finite max z): the inverse-CDF draw,
+//              mass sums per piece of the row in parallel, then the crossing piece scanned,
+//              within a proven margin of the oracle's index-order sums or else the oracle's own
+//              draw (inverse_cdf_pass.h). Other rows: Gumbel-max over the survivors
+//              z >= threshold, skipping the noise (and its logs) wherever it provably cannot
+//              win, so the token is the oracle's (gumbel_draw.h).
 // The hot loops have AVX2 versions chosen at run time (cpu_features.h) that compute exactly what
 // the scalar ones do.
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
@@ -28,6 +32,7 @@
 
 #include "kernels/cpu/cpu_sampler.h"
 #include "kernels/cpu_fast/gumbel_draw.h"
+#include "kernels/cpu_fast/inverse_cdf_pass.h"
 #include "kernels/cpu_fast/quantised_mass.h"
 #include "kernels/cpu_fast/radix_select.h"
 #include "kernels/cpu_fast/row_chunks.h"
@@ -47,7 +52,8 @@ struct FastCpuSampler::Impl {
   explicit Impl(const Options& options)
       : pool(options.threads < 1 ? 1 : options.threads, options.spin_us),
         guard(options.guard),
-        gather_cap(options.gather_cap) {
+        gather_cap(options.gather_cap),
+        inverse_cdf_extra_margin(options.inverse_cdf_extra_margin) {
     cpu_fast_internal::WarmNoiseBounds();
     cpu_fast_internal::Exp2Table();
   }
@@ -93,11 +99,13 @@ struct FastCpuSampler::Impl {
   WorkerPool pool;
   TaskGuard guard;
   const int64_t gather_cap;
+  const double inverse_cdf_extra_margin;
   std::atomic<bool> failed{false};
+  std::atomic<int64_t> inverse_cdf_fallbacks{0};
   int64_t chunks = 0;  // per row
   std::vector<ChunkStats> stats;
   std::vector<std::unique_ptr<RowState>> rows;
-  std::vector<int64_t> selecting, drawn;  // reused across calls
+  std::vector<int64_t> selecting, drawn, plain;  // reused across calls
 };
 
 bool FastCpuSampler::Impl::SampleWithLogprobs(const SampleArgs& args) {
@@ -127,12 +135,17 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
     return false;
   }
   selecting.clear();
+  plain.clear();
   for (int64_t row = 0; row < batch; ++row) {
     RowState& r = *rows[row];
     cpu_fast_internal::Decide(args, &stats[row * chunks], chunks, r);
     if (r.plan == Plan::kSelect) {
       cpu_fast_internal::StartStage(gather_cap, r);
       selecting.push_back(row);
+    }
+    if (r.plan == Plan::kInverseCdf) {
+      cpu_fast_internal::StartInverseCdf(r);
+      plain.push_back(row);
     }
   }
 
@@ -157,7 +170,22 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
     selecting.resize(kept);
   }
 
-  // 3. Draw (rows left to draw over the whole row).
+  // 3. Draw. Plain-temperature rows: piece masses over every task range, then one task per row
+  // to find the token (or hand the row to the oracle's draw).
+  if (!RunChunks(plain, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
+        cpu_fast_internal::MassPieces(args, row, t0, t1, *rows[row]);
+      })) {
+    return false;
+  }
+  if (!Run(static_cast<int64_t>(plain.size()), [&](int64_t i) {
+        const int64_t row = plain[i];
+        if (cpu_fast_internal::FinishInverseCdf(args, row, inverse_cdf_extra_margin, *rows[row])) {
+          inverse_cdf_fallbacks.fetch_add(1, std::memory_order_relaxed);
+        }
+      })) {
+    return false;
+  }
+  // Rows left to draw by Gumbel-max over the whole row.
   drawn.clear();
   for (int64_t row = 0; row < batch; ++row) {
     const Plan plan = rows[row]->plan;
@@ -187,6 +215,10 @@ FastCpuSampler::FastCpuSampler(const Options& options) : impl_(std::make_unique<
 FastCpuSampler::~FastCpuSampler() = default;
 
 int FastCpuSampler::threads() const { return impl_->pool.threads(); }
+
+int64_t FastCpuSampler::inverse_cdf_fallbacks() const {
+  return impl_->inverse_cdf_fallbacks.load(std::memory_order_relaxed);
+}
 
 bool FastCpuSampler::Sample(const SampleArgs& args) { return impl_->Sample(args); }
 

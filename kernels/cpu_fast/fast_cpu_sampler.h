@@ -6,15 +6,20 @@
 // number of passes over the row for any distribution (top-k / top-p boundaries by radix
 // selection, never a sort of more than Options::gather_cap tokens). Nothing a row
 // decides depends on B, the thread count or which thread ran which chunk (batch invariance):
-// reductions are exact (max, counts, integer-quantised masses) or over a total order.
+// reductions are exact (max, counts, integer-quantised masses) or over a total order, and the
+// double mass sums of plain-temperature rows only ever decide a token they provably share with
+// the oracle.
 //
-// Differences from CpuSampleRows: none in the token for greedy rows and for filters decided by
-// counts (min-p, top-k), nor for top-p when TOP_K_FIRST top-k leaves <= gather_cap tokens (then
-// the oracle's own double sums are used). Otherwise top-p masses are exp(z - mx) (within 2 ulp)
-// quantised to 2^-62 and summed exactly, so a row whose top-p boundary sits within a rounding
-// error (~1e-13 of the total) of a token's cumulative mass may keep one token more or less.
-// Logprobs (top_logprobs >= 0) are computed by the oracle for the rows that ask; a batch with
-// logits processors (allowed_bitmask or adjusts) is sampled by the oracle, row by row.
+// Differences from CpuSampleRows: none in the token for greedy rows, for plain-temperature rows
+// (temperature alone: the inverse-CDF draw of kernels/common/inverse_cdf.h; when the fast sums
+// cannot prove the oracle's token, ~1e-6 of rows or fewer, the row is drawn by the oracle's own
+// InverseCdfDraw) and for filters decided by counts (min-p, top-k), nor for top-p when
+// TOP_K_FIRST top-k leaves <= gather_cap tokens (then the oracle's own double sums are used).
+// Otherwise top-p masses are exp(z - mx) (within 2 ulp) quantised to 2^-62 and summed exactly,
+// so a row whose top-p boundary sits within a rounding error (~1e-13 of the total) of a token's
+// cumulative mass may keep one token more or less. Logprobs (top_logprobs >= 0) are computed by
+// the oracle for the rows that ask; a batch with logits processors (allowed_bitmask or adjusts)
+// is sampled by the oracle, row by row.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
 #define SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
 
@@ -41,6 +46,10 @@ class FastCpuSampler {
     // at or above its bin; those are then gathered and finished in one thread. Tests lower it
     // to drive every path on small rows.
     int gather_cap = 1024;
+    // Plain-temperature rows: added to the proven margin of the inverse-CDF draw, as a
+    // fraction of the row's total mass. Tests raise it (>= 1 sends every such row to the
+    // oracle's InverseCdfDraw) to drive the fallback; 0 in production.
+    double inverse_cdf_extra_margin = 0.0;
   };
 
   explicit FastCpuSampler(const Options& options);
@@ -49,6 +58,10 @@ class FastCpuSampler {
   FastCpuSampler& operator=(const FastCpuSampler&) = delete;
 
   int threads() const;
+
+  // Plain-temperature rows whose token came from the oracle's InverseCdfDraw (the fast sums
+  // were within their margin of a boundary) since construction. Thread-safe.
+  int64_t inverse_cdf_fallbacks() const;
 
   // Samples every row of `args` (host memory, validated as for CpuSampleRows) and writes the
   // outputs. Returns false when a guarded task faulted: the outputs are then unspecified.

@@ -38,6 +38,7 @@ enum class Plan : uint8_t {
   kTopTiesDraw,  // max x / T is +inf or -inf: uniform over the tokens at the max x
   kSelect,       // finding the top-k / top-p thresholds
   kDraw,         // Gumbel draw over keys <= draw_key (phase 3)
+  kInverseCdf,   // temperature alone, finite max z: the inverse-CDF draw (inverse_cdf_pass.h)
 };
 
 enum class Stage : uint8_t { kTopK, kTopP };
@@ -55,6 +56,13 @@ struct Candidate {
   int32_t id;
 };
 
+// The mass sum of tokens [begin, end) of a plain-temperature row (inverse_cdf_pass.h).
+struct MassPiece {
+  int64_t begin;
+  int64_t end;
+  double mass;
+};
+
 // Chunk tasks of one row lock `mu` to merge their results into it; the per-row steps (Decide,
 // StartStage, Advance) run as the row's only task.
 struct RowState {
@@ -67,7 +75,7 @@ struct RowState {
   Plan plan = Plan::kDone;
   RowParams p;
   float mx = 0.0f;
-  float top_x = 0.0f;  // Plan::kTopTiesDraw: the row's max x
+  float top_x = 0.0f;  // Plan::kTopTiesDraw and kInverseCdf: the row's max x
   float min_finite = 0.0f;
   float min_threshold = -kInf;  // min-p: keep z >= this
   float k_threshold = -kInf;
@@ -91,6 +99,12 @@ struct RowState {
   std::vector<int64_t> counts = std::vector<int64_t>(kHistBins);
   std::vector<Mass> mass = std::vector<Mass>(kHistBins);
   std::vector<Candidate> candidates;
+  // Plan::kInverseCdf (inverse_cdf_pass.h): 1 / T; tokens with x < skip_below are left out of
+  // the sums, each with a mass <= skip_bound; the mass sums of the row's pieces, in no order.
+  double inv_t = 0.0;
+  float skip_below = -kInf;
+  double skip_bound = 0.0;
+  std::vector<MassPiece> pieces;
   uint32_t draw_key = 0;  // survivors: keys <= this
   float best_score = 0.0f;
   int64_t best_id = -1;
@@ -144,6 +158,7 @@ struct ThreadScratch {
   std::vector<int64_t> counts = std::vector<int64_t>(kHistBins + 1);  // + a spare counter
   std::vector<Mass> mass = std::vector<Mass>(kHistBins);
   std::vector<int32_t> bins = std::vector<int32_t>(kChunk);  // a chunk's bins
+  std::vector<float> row;  // a whole row, for the inverse-CDF draw's fallback (sized on use)
 };
 
 // The calling thread's scratch (thread_local, allocated at its first use).

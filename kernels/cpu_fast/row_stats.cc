@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/common/inverse_cdf.h"
 #include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/order_keys.h"
 #include "kernels/cpu_fast/row_chunks.h"
@@ -204,6 +205,11 @@ void Decide(const SampleArgs& args, const ChunkStats* stats, int64_t chunks, Row
   if (pos_inf || r.mx == -kInf) {
     // max x / T is not finite: uniform over the tokens at the max x (the oracle's DrawRow).
     r.plan = Plan::kTopTiesDraw;
+    r.top_x = top_x;
+    return;
+  }
+  if (IsPlainTemperature(p, args.vocab)) {  // the inverse-CDF draw (inverse_cdf_pass.h)
+    r.plan = Plan::kInverseCdf;
     r.top_x = top_x;
     return;
   }

@@ -1,7 +1,8 @@
 // FastCpuSampler (kernels/cpu_fast) against the kernels/cpu oracle: thousands of random rows over
 // dtypes, vocabulary sizes, batch sizes and every filter, plus degenerate rows, thread-count and
-// batch invariance, the logprobs path and the task guard. Greedy tokens must be identical;
-// sampled tokens equal except at a float near-tie of the two best perturbed scores.
+// batch invariance, the logprobs path and the task guard. Greedy and plain-temperature tokens
+// (the inverse-CDF draw, with its fallback to the oracle's) must be identical; other sampled
+// tokens equal except at a float near-tie of the two best perturbed scores.
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 
 #include <setjmp.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/common/inverse_cdf.h"
 #include "kernels/common/philox.h"
 #include "kernels/cpu/cpu_sampler.h"
 #include "kernels/cpu/half_float.h"
@@ -150,7 +152,7 @@ int Compare(const Batch& b, const Outputs& fast, const Outputs& oracle, const st
     const int32_t f = fast.tokens[row];
     const int32_t o = oracle.tokens[row];
     if (f == o) continue;
-    if (p.temperature < kGreedyTemperature || o < 0 || f < 0) {
+    if (p.temperature < kGreedyTemperature || o < 0 || f < 0 || IsPlainTemperature(p, b.vocab)) {
       ADD_FAILURE() << what << " row " << row << ": expected token " << o << ", got " << f;
       continue;
     }
@@ -686,6 +688,144 @@ TEST(FastCpuSamplerTest, AQwenSizedRowGivesTheSameTokenOnAnyThreadCount) {
     }
     Compare(b, first, RunOracle(b), "B " + std::to_string(batch));
   }
+}
+
+// B plain-temperature rows (temperature alone) of V logits: row r takes shape r % 6 (randn * 3,
+// all equal, one token far above the rest, randn * 3 with a third at -inf, randn * 20 with
+// ties, a single finite token) and a temperature from 0.05 to 5.
+Batch PlainBatch(DType dtype, int64_t batch, int64_t vocab, std::mt19937_64& rng) {
+  Batch b;
+  b.dtype = dtype;
+  b.batch = batch;
+  b.vocab = vocab;
+  b.values.resize(batch * vocab);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float temperatures[] = {0.05f, 0.3f, 0.8f, 1.0f, 1.7f, 5.0f};
+  for (int64_t row = 0; row < batch; ++row) {
+    float* x = &b.values[row * vocab];
+    const int shape = static_cast<int>(row % 6);
+    for (int64_t j = 0; j < vocab; ++j) {
+      switch (shape) {
+        case 0:
+        case 3:
+          x[j] = 3.0f * normal(rng);
+          break;
+        case 1:
+          x[j] = 0.75f;
+          break;
+        case 2:
+          x[j] = normal(rng) - 12.0f;
+          break;
+        case 4:
+          x[j] = std::round(20.0f * normal(rng));
+          break;
+        default:
+          x[j] = -kInf;
+          break;
+      }
+    }
+    if (shape == 2 || shape == 5) x[rng() % vocab] = 2.0f;
+    if (shape == 3) {
+      for (int64_t j = static_cast<int64_t>(rng() % 3); j < vocab; j += 3) x[j] = -kInf;
+    }
+    RowParams p = P(temperatures[rng() % std::size(temperatures)]);
+    if (rng() % 4 == 0) p.top_k = static_cast<int32_t>(vocab);  // top-k >= V: still plain
+    p.seed = rng();
+    p.position = rng() % 100000;
+    b.params.push_back(p);
+  }
+  b.Encode();
+  return b;
+}
+
+TEST(FastCpuSamplerTest, PlainTemperatureRowsMatchTheOracleExactly) {
+  std::mt19937_64 rng(8080);
+  int rows = 0;
+  for (int threads : {1, 2, 8}) {
+    FastCpuSampler sampler(Threads(threads));
+    for (int64_t batch : {1, 32}) {
+      for (int64_t vocab : {1, 5, 1000, 1025, 32000}) {
+        for (DType dtype : {DType::kFp32, DType::kBf16}) {
+          const int repeats = batch == 1 ? 12 : 1;
+          for (int rep = 0; rep < repeats; ++rep) {
+            const Batch b = PlainBatch(dtype, batch, vocab, rng);
+            const std::string what = "threads " + std::to_string(threads) + " B " +
+                                     std::to_string(batch) + " V " + std::to_string(vocab);
+            EXPECT_EQ(Compare(b, RunFast(b, sampler), RunOracle(b), what), 0);
+            rows += static_cast<int>(batch);
+          }
+        }
+      }
+    }
+    // The proven margin is ~1e-10 of a row's mass: the oracle's own draw is a rarity.
+    EXPECT_LE(sampler.inverse_cdf_fallbacks(), 1) << "threads " << threads;
+  }
+  EXPECT_EQ(rows, 3 * 5 * 2 * (12 + 32));
+}
+
+TEST(FastCpuSamplerTest, PlainTemperatureRowsOfAQwenSizedVocabularyMatchTheOracle) {
+  std::mt19937_64 rng(8081);
+  for (int threads : {1, 2, 8}) {
+    FastCpuSampler sampler(Threads(threads));
+    for (int64_t batch : {1, 6}) {
+      const Batch b = PlainBatch(DType::kFp32, batch, 151936, rng);
+      EXPECT_EQ(Compare(b, RunFast(b, sampler), RunOracle(b),
+                        "V 151936 threads " + std::to_string(threads)),
+                0);
+    }
+    EXPECT_EQ(sampler.inverse_cdf_fallbacks(), 0);
+  }
+}
+
+TEST(FastCpuSamplerTest, PlainTemperatureRowsFallBackToTheOracleWithinTheMargin) {
+  // A margin of 2 x the row's mass covers every boundary: every plain row takes the oracle's
+  // InverseCdfDraw. A margin of 1e-3 sends only the rows whose target lies within 1e-3 of the
+  // total from their token's boundaries (many of the flat rows, few of the others).
+  std::mt19937_64 rng(8082);
+  for (double extra : {2.0, 1e-3}) {
+    for (int threads : {1, 2, 8}) {
+      FastCpuSampler::Options options = Threads(threads);
+      options.inverse_cdf_extra_margin = extra;
+      FastCpuSampler sampler(options);
+      int rows = 0;
+      for (int64_t batch : {1, 32}) {
+        for (int64_t vocab : {7, 3000, 20000}) {
+          Batch b = PlainBatch(DType::kFp32, batch, vocab, rng);
+          EXPECT_EQ(Compare(b, RunFast(b, sampler), RunOracle(b), "extra " + std::to_string(extra)),
+                    0);
+          rows += static_cast<int>(batch);
+        }
+      }
+      if (extra >= 1.0) {
+        EXPECT_EQ(sampler.inverse_cdf_fallbacks(), rows);
+      } else {
+        EXPECT_GT(sampler.inverse_cdf_fallbacks(), 0);
+        EXPECT_LT(sampler.inverse_cdf_fallbacks(), rows);
+      }
+    }
+  }
+}
+
+TEST(FastCpuSamplerTest, PlainTemperatureRowsInAMixedBatchMatchTheOracle) {
+  // Plain rows next to greedy, filtered and invalid rows, and on unaligned fp32 logits.
+  std::mt19937_64 rng(8083);
+  FastCpuSampler sampler(Threads(2));
+  Batch b = RandomBatch(DType::kFp32, 48, 9000, rng, true);
+  for (size_t r = 0; r < b.params.size(); r += 2) {
+    b.params[r] = P(0.9f);
+    b.params[r].seed = r;
+  }
+  Compare(b, RunFast(b, sampler), RunOracle(b), "mixed");
+  std::vector<unsigned char> shifted(b.bytes.size() + 1);
+  std::memcpy(shifted.data() + 1, b.bytes.data(), b.bytes.size());
+  Outputs fast, oracle;
+  SampleArgs args = ArgsFor(b, fast);
+  args.logits = shifted.data() + 1;
+  ASSERT_TRUE(sampler.Sample(args));
+  SampleArgs oracle_args = ArgsFor(b, oracle);
+  oracle_args.logits = shifted.data() + 1;
+  CpuSampleRows(oracle_args, 0, b.batch);
+  EXPECT_EQ(fast.tokens, oracle.tokens);
 }
 
 thread_local sigjmp_buf* fault_jump = nullptr;

@@ -1,0 +1,48 @@
+// Phase 3 of FastCpuSampler for plain-temperature rows (Plan::kInverseCdf): the inverse-CDF draw
+// of kernels/common/inverse_cdf.h, with the oracle's token (kernels/cpu/inverse_cdf_draw.h).
+//
+//   1. MassPieces, in parallel over a row's task ranges: the mass sum of each piece of kPiece
+//      tokens (a piece cut short where a task range starts or ends), every mass the oracle's own
+//      InverseCdfMass (bit for bit), tokens far below the row's max x left out (kSkipLogits).
+//   2. FinishInverseCdf, one task per row: the pieces' sums combined in index order, the piece
+//      where the running sum crosses u * total, that piece scanned token by token in index
+//      order to the crossing token. The sums differ from the oracle's index-order prefix sums
+//      by at most a proven margin (the comment of FinishInverseCdf in inverse_cdf_pass.cc); when
+//      the target lies within that margin of the token's lower or upper boundary, or nothing
+//      crosses, the row is drawn by the oracle's InverseCdfDraw itself. So the token is always
+//      the oracle's; the fallback costs one more pass over the row on one thread and comes in
+//      ~1e-6 of rows or fewer.
+// Internal to kernels/cpu_fast.
+#ifndef SAMPLERD_KERNELS_CPU_FAST_INVERSE_CDF_PASS_H_
+#define SAMPLERD_KERNELS_CPU_FAST_INVERSE_CDF_PASS_H_
+
+#include <cstdint>
+
+#include "kernels/common/sampling_types.h"
+#include "kernels/cpu_fast/row_state.h"
+
+namespace samplerd::kernels::cpu_fast_internal {
+
+// Tokens per piece: the unit the finish scans (kChunk is a multiple of it).
+inline constexpr int64_t kPiece = 1024;
+
+// Tokens with (x_max - x) / T beyond this (mass < e^-28 ~ 6.9e-13) are left out of the sums;
+// their possible mass joins the margin. 28 keeps that part of the margin, V x 6.9e-13 of a total
+// >= 1, near 1e-7 at V = 151,936, so it adds ~1e-7 of fallbacks at most.
+inline constexpr double kSkipLogits = 28.0;
+
+// Prepares r (Plan::kInverseCdf, r.top_x the row's max x, r.p its parameters) for MassPieces.
+void StartInverseCdf(RowState& r);
+
+// Adds the mass sums of the pieces of tokens [t0, t1) of row `row` to r.pieces (under r.mu).
+void MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r);
+
+// Sets r.token from r.pieces (every token of the row covered once). `extra_margin` (>= 0, a
+// fraction of the row's total mass) widens the proven margin: tests set it to force the
+// fallback. Returns true when the row was drawn by the oracle's InverseCdfDraw. Uses the
+// thread's scratch.
+bool FinishInverseCdf(const SampleArgs& args, int64_t row, double extra_margin, RowState& r);
+
+}  // namespace samplerd::kernels::cpu_fast_internal
+
+#endif  // SAMPLERD_KERNELS_CPU_FAST_INVERSE_CDF_PASS_H_
