@@ -9,10 +9,19 @@
 
 #include "kernels/common/inverse_cdf.h"
 #include "kernels/cpu/inverse_cdf_draw.h"
+#include "kernels/cpu_fast/cpu_features.h"
+#include "kernels/cpu_fast/quantised_mass.h"
 #include "kernels/cpu_fast/row_chunks.h"
+
+#if SAMPLERD_CPU_FAST_X86
+#include <immintrin.h>
+#endif
 
 namespace samplerd::kernels::cpu_fast_internal {
 namespace {
+
+// The relative error allowed to a piece's masses (ExpNonPositive against std::exp): d below.
+constexpr double kMassError = 0x1.0p-40;
 
 // Tokens [begin, begin + n) of row `row` as fp32 (n <= kChunk, inside one chunk): the logits
 // themselves when they are fp32 and 4-byte aligned, else a copy in `scratch`.
@@ -25,13 +34,46 @@ const float* ReadX(const SampleArgs& args, int64_t row, int64_t begin, int64_t n
   return scratch;
 }
 
-// The sum, in index order, of the masses of x[0, n) not left out (x >= r.skip_below).
+#if SAMPLERD_CPU_FAST_X86
+// PieceMass over x[0, n - n % 8), 8 tokens at a time into two 4-lane sums; returns where the
+// scalar tail starts and adds the lanes to `sum`. Blocks of 8 all left out are skipped.
+SAMPLERD_AVX2 int64_t PieceMassAvx2(const float* x, int64_t n, const RowState& r, double& sum) {
+  const __m256d x_max = _mm256_set1_pd(r.top_x);
+  const __m256d inv_t = _mm256_set1_pd(r.inv_t);
+  const __m256d skip = _mm256_set1_pd(r.skip_below);
+  const __m256 skip_f = _mm256_set1_ps(r.skip_below);
+  __m256d acc0 = _mm256_setzero_pd();
+  __m256d acc1 = _mm256_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, skip_f, _CMP_GE_OQ)) == 0) continue;
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    // Left-out lanes (-inf included) may compute anything: the mask zeroes them.
+    const __m256d m_lo = ExpNonPositive4(_mm256_mul_pd(_mm256_sub_pd(lo, x_max), inv_t));
+    const __m256d m_hi = ExpNonPositive4(_mm256_mul_pd(_mm256_sub_pd(hi, x_max), inv_t));
+    acc0 = _mm256_add_pd(acc0, _mm256_and_pd(m_lo, _mm256_cmp_pd(lo, skip, _CMP_GE_OQ)));
+    acc1 = _mm256_add_pd(acc1, _mm256_and_pd(m_hi, _mm256_cmp_pd(hi, skip, _CMP_GE_OQ)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
+  sum += (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  return j;
+}
+#endif
+
+// The approximate mass sum of x[0, n), tokens left out (x < r.skip_below) excepted: each mass
+// by ExpNonPositive (within 2^-47 of the oracle's, see FinishInverseCdf), in no set order.
 double PieceMass(const float* x, int64_t n, const RowState& r) {
-  const double x_max = r.top_x;
   double sum = 0.0;
-  for (int64_t j = 0; j < n; ++j) {
+  int64_t j = 0;
+#if SAMPLERD_CPU_FAST_X86
+  if (UseAvx2()) j = PieceMassAvx2(x, n, r, sum);
+#endif
+  for (; j < n; ++j) {
     if (x[j] < r.skip_below) continue;  // -inf too
-    sum += InverseCdfMass(x[j], x_max, r.inv_t);
+    sum += ExpNonPositive((static_cast<double>(x[j]) - r.top_x) * r.inv_t);
   }
   return sum;
 }
@@ -51,10 +93,18 @@ int32_t OracleDraw(const SampleArgs& args, int64_t row, const RowParams& p) {
 void StartInverseCdf(RowState& r) {
   r.inv_t = InverseTemperature(r.p.temperature);
   // Left out: x < skip_below, i.e. x <= the float just below it, whose mass bounds theirs (the
-  // mass is monotone in x; the factor covers exp's rounding, well under an ulp).
+  // mass is monotone in x; the factor covers exp's rounding, well under an ulp). skip_below is
+  // the threshold rounded up, so every token kept has (x - x_max) / T >= -28 (a little less
+  // after rounding), inside ExpNonPositive's domain [-44, 0].
   const double threshold = static_cast<double>(r.top_x) - kSkipLogits * r.p.temperature;
-  r.skip_below =
-      threshold < -std::numeric_limits<float>::max() ? -kInf : static_cast<float>(threshold);
+  if (threshold < -std::numeric_limits<float>::max()) {
+    r.skip_below = -kInf;
+  } else {
+    r.skip_below = static_cast<float>(threshold);
+    if (static_cast<double>(r.skip_below) < threshold) {
+      r.skip_below = std::nextafter(r.skip_below, kInf);
+    }
+  }
   const float below = std::nextafter(r.skip_below, -kInf);
   r.skip_bound = InverseCdfMass(below, r.top_x, r.inv_t) * (1.0 + 0x1.0p-40);
   r.pieces.clear();
@@ -74,22 +124,32 @@ void MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
   r.pieces.insert(r.pieces.end(), pieces.begin(), pieces.end());
 }
 
-// Why the token is the oracle's (notation: m_j = InverseCdfMass of token j, the same double in
-// both; n = V; eps = 2^-53; a "sum" is a double sum, rounded at every addition):
+// Why the token is the oracle's (notation: m_j = InverseCdfMass of token j, the oracle's mass;
+// n = V; eps = 2^-53; a "sum" is a double sum, rounded at every addition):
 //
 // The oracle's prefix P_j is a sum of m_0 .. m_j in index order, its target tau = u * P_{n-1}
 // rounded. Every sum formed here (a piece's sum; C_k, the sum of the sums of the pieces before
 // piece k; q, C_k plus the masses of piece k up to some token) is a sum, in another order, of
-// the same masses with some left out: those of tokens with x < skip_below, each <= skip_bound,
-// so s = n * skip_bound bounds the mass left out of any of them. A sum of N >= 1 nonnegative
-// terms in any order is within gamma_{N-1} = (N-1) eps / (1 - (N-1) eps) of their exact sum
-// (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 4.2), and none of
-// these sums has more than 2n terms (masses and piece sums). With E the exact mass of the row:
-//   |P_j - Q_j| <= gamma_n E + gamma_2n E + s <= 2 gamma_2n E + s     (Q_j: ours up to token j)
-//   |tau - tau'| <= |P_{n-1} - T'| + 2 eps E(1 + ...)                     (tau' = u * T' rounded)
-// so both together stay below 4 gamma_2n E + 2 s + 2^-51 E, and with E <= 2 (T' + s) and
-// gamma_2n <= 2.02 n eps (n < 2^45):
-//   margin = (17 n + 8) eps (T' + s) + 2 s.
+// the masses of the tokens up to some j, except that
+//   - tokens with x < skip_below are left out, each of mass <= skip_bound, so s = n * skip_bound
+//     bounds the mass left out of any sum;
+//   - the pieces' sums use m'_j = ExpNonPositive(...) (vectorised), not m_j. For arguments in
+//     [-44, 0]: kd = round(x 64 / ln 2) has |kd| < 2^12 and kLn2HiN 36 significant bits, so
+//     kd * kLn2HiN is exact and x - kd * kLn2HiN is exact (Sterbenz), r carries two roundings
+//     of < 2^-60 and |r| <= ln 2 / 128 + 2^-59; the Taylor series to r^6 errs by < r^7 / 5040 < 2^-64;
+//     the polynomial's roundings, the table's exp2 (< 1 ulp) and the final product add
+//     < 10 ulp; the exponent addition is exact (results > 2^-1022). So m'_j is within 2^-48 of
+//     exp, hence within 2^-47 of m_j (glibc's exp: < 1 ulp). The margin allows d = 2^-40
+//     (tests/kernels/fast_cpu_sampler_test.cc checks 2^-47 on a million arguments).
+// A sum of N >= 1 nonnegative terms in any order is within gamma_{N-1} = (N-1) eps / (1 - (N-1)
+// eps) of their exact sum (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
+// section 4.2), and none of these sums has more than 2n terms (masses and piece sums). With E
+// the exact sum of all m_j, Q_j our sum up to token j and T' ours over the row:
+//   |P_j - Q_j| <= gamma_n E + gamma_2n E + d E (1 + gamma_2n) + s
+//   |tau - tau'| <= |P_{n-1} - T'| + 2 eps E (1 + ...)                    (tau' = u * T' rounded)
+// so both together stay below 4 gamma_2n E + 2.01 d E + 2 s + 2^-51 E, and with E <= 2 (T' + s)
+// and gamma_2n <= 2.02 n eps (n < 2^45):
+//   margin = ((17 n + 8) eps + 5 d) (T' + s) + 2 s.
 // The token j taken here has q_before + margin < tau' and q_after - margin > tau', where
 // q_before / q_after are our sums before and after m_j. Then the oracle's P_{j-1} < tau (so, P
 // being nondecreasing, no earlier token crosses) and P_j > tau: its token is j as well. If
@@ -102,8 +162,8 @@ bool FinishInverseCdf(const SampleArgs& args, int64_t row, double extra_margin, 
   for (const MassPiece& piece : pieces) total += piece.mass;
   const double n = static_cast<double>(args.vocab);
   const double left_out = n * r.skip_bound;
-  const double margin =
-      (17.0 * n + 8.0) * 0x1.0p-53 * (total + left_out) + 2.0 * left_out + extra_margin * total;
+  const double margin = ((17.0 * n + 8.0) * 0x1.0p-53 + 5.0 * kMassError) * (total + left_out) +
+                        2.0 * left_out + extra_margin * total;
   const double target = RowUniform(r.p.seed, r.p.position) * total;
 
   double before = 0.0;  // C_k

@@ -2,11 +2,14 @@
 // of kernels/common/inverse_cdf.h, with the oracle's token (kernels/cpu/inverse_cdf_draw.h).
 //
 //   1. MassPieces, in parallel over a row's task ranges: the mass sum of each piece of kPiece
-//      tokens (a piece cut short where a task range starts or ends), every mass the oracle's own
-//      InverseCdfMass (bit for bit), tokens far below the row's max x left out (kSkipLogits).
+//      tokens (a piece cut short where a task range starts or ends), the masses by the
+//      vectorised table exp of quantised_mass.h (within 2^-47 of the oracle's std::exp; one
+//      glibc exp a token would cost ~8 ns, 3x the whole Gumbel draw), tokens far below the
+//      row's max x left out (kSkipLogits).
 //   2. FinishInverseCdf, one task per row: the pieces' sums combined in index order, the piece
 //      where the running sum crosses u * total, that piece scanned token by token in index
-//      order to the crossing token. The sums differ from the oracle's index-order prefix sums
+//      order to the crossing token, with the oracle's own masses (InverseCdfMass). The sums
+//      differ from the oracle's index-order prefix sums
 //      by at most a proven margin (the comment of FinishInverseCdf in inverse_cdf_pass.cc); when
 //      the target lies within that margin of the token's lower or upper boundary, or nothing
 //      crosses, the row is drawn by the oracle's InverseCdfDraw itself. So the token is always
@@ -24,7 +27,7 @@
 namespace samplerd::kernels::cpu_fast_internal {
 
 // Tokens per piece: the unit the finish scans (kChunk is a multiple of it).
-inline constexpr int64_t kPiece = 1024;
+inline constexpr int64_t kPiece = 512;
 
 // Tokens with (x_max - x) / T beyond this (mass < e^-28 ~ 6.9e-13) are left out of the sums;
 // their possible mass joins the margin. 28 keeps that part of the margin, V x 6.9e-13 of a total

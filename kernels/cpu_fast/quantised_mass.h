@@ -67,10 +67,9 @@ inline uint64_t QuantisedMass(float z, float mx) {
 }
 
 #if SAMPLERD_CPU_FAST_X86
-// QuantisedMass of four tokens, x = (double)z - mx per lane: the same double operations in the
-// same order as ExpNonPositive (bit-identical results), the table read by a gather and the
-// truncation to an integer done on the bits (AVX2 has no double -> int64 conversion).
-SAMPLERD_AVX2 inline __m256i QuantisedMass4(__m256d x) {
+// ExpNonPositive of four lanes: the same double operations in the same order (bit-identical
+// results), the table read by a gather.
+SAMPLERD_AVX2 inline __m256d ExpNonPositive4(__m256d x) {
   const __m256d shift = _mm256_set1_pd(kShift);
   const __m256d kd_shifted = _mm256_add_pd(_mm256_mul_pd(x, _mm256_set1_pd(kInvLn2N)), shift);
   const __m256i ki = _mm256_castpd_si256(kd_shifted);
@@ -91,7 +90,14 @@ SAMPLERD_AVX2 inline __m256i QuantisedMass4(__m256d x) {
   inner = _mm256_add_pd(_mm256_set1_pd(0.5), _mm256_mul_pd(r, inner));
   const __m256d poly =
       _mm256_add_pd(_mm256_add_pd(_mm256_set1_pd(1.0), r), _mm256_mul_pd(r2, inner));
-  const __m256d v = _mm256_mul_pd(_mm256_mul_pd(scale, poly), _mm256_set1_pd(kMassScale));
+  return _mm256_mul_pd(scale, poly);
+}
+
+// QuantisedMass of four tokens, x = (double)z - mx per lane: ExpNonPositive4 (bit-identical to
+// the scalar path), then the truncation to an integer done on the bits (AVX2 has no double ->
+// int64 conversion).
+SAMPLERD_AVX2 inline __m256i QuantisedMass4(__m256d x) {
+  const __m256d v = _mm256_mul_pd(ExpNonPositive4(x), _mm256_set1_pd(kMassScale));
   // trunc(v) for v in [0, 2^63): the mantissa shifted by (biased exponent - 1075); the shift
   // the other way is out of range (0) in each lane.
   const __m256i bits = _mm256_castpd_si256(v);

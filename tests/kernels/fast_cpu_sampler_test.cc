@@ -620,6 +620,10 @@ SAMPLERD_AVX2 void VectorMasses(const double* x, uint64_t* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), m);
 }
 
+SAMPLERD_AVX2 void VectorExp(const double* x, double* out) {
+  _mm256_storeu_pd(out, cpu_fast_internal::ExpNonPositive4(_mm256_loadu_pd(x)));
+}
+
 SAMPLERD_AVX512_WARNINGS_OFF
 SAMPLERD_AVX512 void VectorMasses8(const double* x, uint64_t* out) {
   const cpu_fast_internal::ExpTable512 table;
@@ -669,6 +673,32 @@ TEST(FastCpuSamplerTest, VectorQuantisedMassesAreTheScalarOnes) {
   }
 }
 #endif
+
+// The inverse-CDF pass sums masses by ExpNonPositive and allows them 2^-40 of std::exp's
+// (inverse_cdf_pass.cc); its analysis says 2^-47.
+TEST(FastCpuSamplerTest, TableExpIsWithinTwoToTheMinus47OfStdExp) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> below(-44.0, 0.0);
+  std::vector<double> x = {0.0, -0.0, -1e-300, -1e-17, -0x1.62e42fefa39efp-8, -28.0, -44.0};
+  for (int i = 0; i < 1000000; ++i) x.push_back(below(rng));
+  double worst = 0.0;
+  for (double v : x) {
+    const double exact = std::exp(v);
+    worst = std::max(worst, std::fabs(cpu_fast_internal::ExpNonPositive(v) - exact) / exact);
+  }
+  EXPECT_LT(worst, 0x1.0p-47);
+#if SAMPLERD_CPU_FAST_X86
+  if (cpu_fast_internal::UseAvx2()) {
+    for (size_t i = 0; i + 4 <= x.size(); i += 4) {
+      double out[4];
+      VectorExp(&x[i], out);
+      for (int l = 0; l < 4; ++l) {
+        ASSERT_EQ(out[l], cpu_fast_internal::ExpNonPositive(x[i + l])) << x[i + l];
+      }
+    }
+  }
+#endif
+}
 
 TEST(FastCpuSamplerTest, AQwenSizedRowGivesTheSameTokenOnAnyThreadCount) {
   // One to seven rows of 19 chunks on 1 to 16 threads: tasks of one chunk, of several
@@ -807,7 +837,8 @@ TEST(FastCpuSamplerTest, PlainTemperatureRowsFallBackToTheOracleWithinTheMargin)
 }
 
 TEST(FastCpuSamplerTest, PlainTemperatureRowsInAMixedBatchMatchTheOracle) {
-  // Plain rows next to greedy, filtered and invalid rows, and on unaligned fp32 logits.
+  // Plain rows next to greedy, filtered and invalid rows, on unaligned fp32 logits, and on the
+  // scalar path.
   std::mt19937_64 rng(8083);
   FastCpuSampler sampler(Threads(2));
   Batch b = RandomBatch(DType::kFp32, 48, 9000, rng, true);
@@ -826,6 +857,11 @@ TEST(FastCpuSamplerTest, PlainTemperatureRowsInAMixedBatchMatchTheOracle) {
   oracle_args.logits = shifted.data() + 1;
   CpuSampleRows(oracle_args, 0, b.batch);
   EXPECT_EQ(fast.tokens, oracle.tokens);
+  // The scalar mass sums (no AVX2) reach the same tokens.
+  cpu_fast_internal::Avx2Allowed().store(false);
+  const Batch plain = PlainBatch(DType::kFp32, 32, 9000, rng);
+  EXPECT_EQ(Compare(plain, RunFast(plain, sampler), RunOracle(plain), "scalar"), 0);
+  cpu_fast_internal::Avx2Allowed().store(true);
 }
 
 thread_local sigjmp_buf* fault_jump = nullptr;
