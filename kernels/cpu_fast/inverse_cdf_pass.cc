@@ -136,10 +136,10 @@ void MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
 //   - the pieces' sums use m'_j = ExpNonPositive(...) (vectorised), not m_j. For arguments in
 //     [-44, 0]: kd = round(x 64 / ln 2) has |kd| < 2^12 and kLn2HiN 36 significant bits, so
 //     kd * kLn2HiN is exact and x - kd * kLn2HiN is exact (Sterbenz), r carries two roundings
-//     of < 2^-60 and |r| <= ln 2 / 128 + 2^-59; the Taylor series to r^6 errs by < r^7 / 5040 < 2^-64;
-//     the polynomial's roundings, the table's exp2 (< 1 ulp) and the final product add
-//     < 10 ulp; the exponent addition is exact (results > 2^-1022). So m'_j is within 2^-48 of
-//     exp, hence within 2^-47 of m_j (glibc's exp: < 1 ulp). The margin allows d = 2^-40
+//     of < 2^-60 and |r| <= ln 2 / 128 + 2^-59; the Taylor series to r^6 errs by < r^7 / 5040 <
+//     2^-64; the polynomial's roundings, the table's exp2 (< 1 ulp) and the final product add < 10
+//     ulp; the exponent addition is exact (results > 2^-1022). So m'_j is within 2^-48 of exp,
+//     hence within 2^-47 of m_j (glibc's exp: < 1 ulp). The margin allows d = 2^-40
 //     (tests/kernels/fast_cpu_sampler_test.cc checks 2^-47 on a million arguments).
 // A sum of N >= 1 nonnegative terms in any order is within gamma_{N-1} = (N-1) eps / (1 - (N-1)
 // eps) of their exact sum (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
