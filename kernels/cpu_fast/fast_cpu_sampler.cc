@@ -170,16 +170,12 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
     selecting.resize(kept);
   }
 
-  // 3. Draw. Plain-temperature rows: piece masses over every task range, then one task per row
-  // to find the token (or hand the row to the oracle's draw).
+  // 3. Draw. Plain-temperature rows: piece masses over every task range; the task that
+  // completes a row finds its token (or hands the row to the oracle's draw), so no second loop.
   if (!RunChunks(plain, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
-        cpu_fast_internal::MassPieces(args, row, t0, t1, *rows[row]);
-      })) {
-    return false;
-  }
-  if (!Run(static_cast<int64_t>(plain.size()), [&](int64_t i) {
-        const int64_t row = plain[i];
-        if (cpu_fast_internal::FinishInverseCdf(args, row, inverse_cdf_extra_margin, *rows[row])) {
+        RowState& r = *rows[row];
+        if (!cpu_fast_internal::MassPieces(args, row, t0, t1, r)) return;
+        if (cpu_fast_internal::FinishInverseCdf(args, row, inverse_cdf_extra_margin, r)) {
           inverse_cdf_fallbacks.fetch_add(1, std::memory_order_relaxed);
         }
       })) {

@@ -108,9 +108,10 @@ void StartInverseCdf(RowState& r) {
   const float below = std::nextafter(r.skip_below, -kInf);
   r.skip_bound = InverseCdfMass(below, r.top_x, r.inv_t) * (1.0 + 0x1.0p-40);
   r.pieces.clear();
+  r.covered = 0;
 }
 
-void MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
+bool MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
   float* scratch = Scratch().x.data();
   std::vector<MassPiece> pieces;
   pieces.reserve(static_cast<size_t>((t1 - t0) / kPiece + 2));
@@ -122,6 +123,8 @@ void MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
   }
   std::lock_guard<std::mutex> lock(r.mu);
   r.pieces.insert(r.pieces.end(), pieces.begin(), pieces.end());
+  r.covered += t1 - t0;
+  return r.covered == args.vocab;
 }
 
 // Why the token is the oracle's (notation: m_j = InverseCdfMass of token j, the oracle's mass;

@@ -6,12 +6,12 @@
 //      vectorised table exp of quantised_mass.h (within 2^-47 of the oracle's std::exp; one
 //      glibc exp a token would cost ~8 ns, 3x the whole Gumbel draw), tokens far below the
 //      row's max x left out (kSkipLogits).
-//   2. FinishInverseCdf, one task per row: the pieces' sums combined in index order, the piece
-//      where the running sum crosses u * total, that piece scanned token by token in index
-//      order to the crossing token, with the oracle's own masses (InverseCdfMass). The sums
-//      differ from the oracle's index-order prefix sums
-//      by at most a proven margin (the comment of FinishInverseCdf in inverse_cdf_pass.cc); when
-//      the target lies within that margin of the token's lower or upper boundary, or nothing
+//   2. FinishInverseCdf, in the row's last task to finish step 1: the pieces' sums combined in
+//      index order, the piece where the running sum crosses u * total, that piece scanned
+//      token by token in index order to the crossing token, with the oracle's own masses
+//      (InverseCdfMass). The sums differ from the oracle's index-order prefix sums by at most
+//      a proven margin (the comment of FinishInverseCdf in inverse_cdf_pass.cc); when the
+//      target lies within that margin of the token's lower or upper boundary, or nothing
 //      crosses, the row is drawn by the oracle's InverseCdfDraw itself. So the token is always
 //      the oracle's; the fallback costs one more pass over the row on one thread and comes in
 //      ~1e-6 of rows or fewer.
@@ -38,7 +38,9 @@ inline constexpr double kSkipLogits = 28.0;
 void StartInverseCdf(RowState& r);
 
 // Adds the mass sums of the pieces of tokens [t0, t1) of row `row` to r.pieces (under r.mu).
-void MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r);
+// Returns true in the one task whose range completes the row: that task calls FinishInverseCdf
+// (the mutex orders every other task's pieces before it).
+bool MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r);
 
 // Sets r.token from r.pieces (every token of the row covered once). `extra_margin` (>= 0, a
 // fraction of the row's total mass) widens the proven margin: tests set it to force the

@@ -105,6 +105,7 @@ struct RowState {
   float skip_below = -kInf;
   double skip_bound = 0.0;
   std::vector<MassPiece> pieces;
+  int64_t covered = 0;    // tokens whose pieces are in `pieces`
   uint32_t draw_key = 0;  // survivors: keys <= this
   float best_score = 0.0f;
   int64_t best_id = -1;
