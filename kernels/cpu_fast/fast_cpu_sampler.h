@@ -12,7 +12,7 @@
 //
 // Differences from CpuSampleRows: none in the token for greedy rows, for plain-temperature rows
 // (temperature alone: the inverse-CDF draw of kernels/common/inverse_cdf.h; when the fast sums
-// cannot prove the oracle's token, ~1e-6 of rows or fewer, the row is drawn by the oracle's own
+// cannot prove the oracle's token, ~1e-5 of rows or fewer, the row is drawn by the oracle's own
 // InverseCdfDraw) and for filters decided by counts (min-p, top-k), nor for top-p when
 // TOP_K_FIRST top-k leaves <= gather_cap tokens (then the oracle's own double sums are used).
 // Otherwise top-p masses are exp(z - mx) (within 2 ulp) quantised to 2^-62 and summed exactly,

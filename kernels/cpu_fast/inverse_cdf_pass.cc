@@ -37,7 +37,8 @@ const float* ReadX(const SampleArgs& args, int64_t row, int64_t begin, int64_t n
 #if SAMPLERD_CPU_FAST_X86
 // PieceMass over x[0, n - n % 8), 8 tokens at a time into two 4-lane sums; returns where the
 // scalar tail starts and adds the lanes to `sum`. Blocks of 8 all left out are skipped.
-SAMPLERD_AVX2 int64_t PieceMassAvx2(const float* x, int64_t n, const RowState& r, double& sum) {
+SAMPLERD_AVX2 int64_t PieceMassAvx2(const float* x, int64_t n, const RowState& r, double& sum,
+                                    int64_t& left_out) {
   const __m256d x_max = _mm256_set1_pd(r.top_x);
   const __m256d inv_t = _mm256_set1_pd(r.inv_t);
   const __m256d skip = _mm256_set1_pd(r.skip_below);
@@ -47,7 +48,9 @@ SAMPLERD_AVX2 int64_t PieceMassAvx2(const float* x, int64_t n, const RowState& r
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m256 v = _mm256_loadu_ps(x + j);
-    if (_mm256_movemask_ps(_mm256_cmp_ps(v, skip_f, _CMP_GE_OQ)) == 0) continue;
+    const int kept = _mm256_movemask_ps(_mm256_cmp_ps(v, skip_f, _CMP_GE_OQ));
+    left_out += 8 - __builtin_popcount(static_cast<unsigned>(kept));
+    if (kept == 0) continue;
     const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
     const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
     // Left-out lanes (-inf included) may compute anything: the mask zeroes them.
@@ -63,16 +66,20 @@ SAMPLERD_AVX2 int64_t PieceMassAvx2(const float* x, int64_t n, const RowState& r
 }
 #endif
 
-// The approximate mass sum of x[0, n), tokens left out (x < r.skip_below) excepted: each mass
-// by ExpNonPositive (within 2^-47 of the oracle's, see FinishInverseCdf), in no set order.
-double PieceMass(const float* x, int64_t n, const RowState& r) {
+// The approximate mass sum of x[0, n), tokens left out (x < r.skip_below) excepted and counted
+// in `left_out`: each mass by ExpNonPositive (within 2^-47 of the oracle's, see
+// FinishInverseCdf), in no set order.
+double PieceMass(const float* x, int64_t n, const RowState& r, int64_t& left_out) {
   double sum = 0.0;
   int64_t j = 0;
 #if SAMPLERD_CPU_FAST_X86
-  if (UseAvx2()) j = PieceMassAvx2(x, n, r, sum);
+  if (UseAvx2()) j = PieceMassAvx2(x, n, r, sum, left_out);
 #endif
   for (; j < n; ++j) {
-    if (x[j] < r.skip_below) continue;  // -inf too
+    if (x[j] < r.skip_below) {  // -inf too
+      ++left_out;
+      continue;
+    }
     sum += ExpNonPositive((static_cast<double>(x[j]) - r.top_x) * r.inv_t);
   }
   return sum;
@@ -118,7 +125,9 @@ bool MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
   for (int64_t begin = t0; begin < t1;) {
     const int64_t end = std::min(t1, (begin / kPiece + 1) * kPiece);
     const float* x = ReadX(args, row, begin, end - begin, scratch);
-    pieces.push_back(MassPiece{begin, end, PieceMass(x, end - begin, r)});
+    MassPiece piece{begin, end, 0.0, 0};
+    piece.mass = PieceMass(x, end - begin, r, piece.left_out);
+    pieces.push_back(piece);
     begin = end;
   }
   std::lock_guard<std::mutex> lock(r.mu);
@@ -128,45 +137,55 @@ bool MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
 }
 
 // Why the token is the oracle's (notation: m_j = InverseCdfMass of token j, the oracle's mass;
-// n = V; eps = 2^-53; a "sum" is a double sum, rounded at every addition):
+// n = V; eps = 2^-53; gamma_k = k eps / (1 - k eps); a "sum" is a double sum, rounded at every
+// addition):
 //
 // The oracle's prefix P_j is a sum of m_0 .. m_j in index order, its target tau = u * P_{n-1}
 // rounded. Every sum formed here (a piece's sum; C_k, the sum of the sums of the pieces before
-// piece k; q, C_k plus the masses of piece k up to some token) is a sum, in another order, of
-// the masses of the tokens up to some j, except that
-//   - tokens with x < skip_below are left out, each of mass <= skip_bound, so s = n * skip_bound
-//     bounds the mass left out of any sum;
+// piece k; q, C_k plus the masses of piece k up to some token; T', ours over the row) is a sum,
+// in another order, of the masses of the tokens up to some j, except that
+//   - tokens with x < skip_below are left out, each of mass <= skip_bound, so s = (the number
+//     left out) * skip_bound bounds the mass missing from any of our sums;
 //   - the pieces' sums use m'_j = ExpNonPositive(...) (vectorised), not m_j. For arguments in
 //     [-44, 0]: kd = round(x 64 / ln 2) has |kd| < 2^12 and kLn2HiN 36 significant bits, so
 //     kd * kLn2HiN is exact and x - kd * kLn2HiN is exact (Sterbenz), r carries two roundings
-//     of < 2^-60 and |r| <= ln 2 / 128 + 2^-59; the Taylor series to r^6 errs by < r^7 / 5040 <
-//     2^-64; the polynomial's roundings, the table's exp2 (< 1 ulp) and the final product add < 10
-//     ulp; the exponent addition is exact (results > 2^-1022). So m'_j is within 2^-48 of exp,
-//     hence within 2^-47 of m_j (glibc's exp: < 1 ulp). The margin allows d = 2^-40
-//     (tests/kernels/fast_cpu_sampler_test.cc checks 2^-47 on a million arguments).
-// A sum of N >= 1 nonnegative terms in any order is within gamma_{N-1} = (N-1) eps / (1 - (N-1)
-// eps) of their exact sum (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
-// section 4.2), and none of these sums has more than 2n terms (masses and piece sums). With E
-// the exact sum of all m_j, Q_j our sum up to token j and T' ours over the row:
-//   |P_j - Q_j| <= gamma_n E + gamma_2n E + d E (1 + gamma_2n) + s
-//   |tau - tau'| <= |P_{n-1} - T'| + 2 eps E (1 + ...)                    (tau' = u * T' rounded)
-// so both together stay below 4 gamma_2n E + 2.01 d E + 2 s + 2^-51 E, and with E <= 2 (T' + s)
-// and gamma_2n <= 2.02 n eps (n < 2^45):
-//   margin = ((17 n + 8) eps + 5 d) (T' + s) + 2 s.
+//     of < 2^-60 and |r| <= ln 2 / 128 + 2^-59; the Taylor series to r^6 errs by < r^7 / 5040
+//     < 2^-64; the polynomial's roundings, the table's exp2 (< 1 ulp) and the final product
+//     add < 10 ulp; the exponent addition is exact (results > 2^-1022). So m'_j is within
+//     2^-48 of exp, hence within 2^-47 of m_j (glibc's exp: < 1 ulp). The margin allows
+//     d = 2^-40 (tests/kernels/fast_cpu_sampler_test.cc checks 2^-47 on a million arguments).
+// A sum of nonnegative terms is within gamma_D of their exact sum when no term passes through
+// more than D additions (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
+// section 4.2). The oracle's terms pass through up to n; ours through at most D = 2 kPiece +
+// (number of pieces) + 1 (inside a piece, along C, inside the scanned piece). With E the exact
+// sum of all m_j (E <= 1.001 (T' + s) for D, n < 2^40):
+//   |P_j - Q_j| <= gamma_n E + gamma_D E + 1.01 d E + s                (Q_j: ours up to token j)
+//   |tau - tau'| <= |P_{n-1} - T'| + 2.01 eps E                        (tau' = u * T' rounded)
+// so both together stay below (2.01 (n + D) + 3) eps E + 2.02 d E + 2 s, within
+//   margin = ((3 n + 3 D + 4) eps + 3 d) (T' + s) + 2 s.
 // The token j taken here has q_before + margin < tau' and q_after - margin > tau', where
 // q_before / q_after are our sums before and after m_j. Then the oracle's P_{j-1} < tau (so, P
 // being nondecreasing, no earlier token crosses) and P_j > tau: its token is j as well. If
 // either distance is within the margin, or nothing crosses, the oracle's draw decides.
+//
+// How often: a row falls back when its target lies within the margin of a boundary, so with
+// probability about (twice the margin) x (the number of tokens with mass above it) / T':
+// ~6 n^2 eps when the mass is spread over the row (1.5e-5 at V = 151,936, 7e-7 at 32,000),
+// less on peaked rows.
 bool FinishInverseCdf(const SampleArgs& args, int64_t row, double extra_margin, RowState& r) {
   std::vector<MassPiece>& pieces = r.pieces;
   std::sort(pieces.begin(), pieces.end(),
             [](const MassPiece& a, const MassPiece& b) { return a.begin < b.begin; });
   double total = 0.0;
   for (const MassPiece& piece : pieces) total += piece.mass;
+  int64_t left_out_tokens = 0;
+  for (const MassPiece& piece : pieces) left_out_tokens += piece.left_out;
   const double n = static_cast<double>(args.vocab);
-  const double left_out = n * r.skip_bound;
-  const double margin = ((17.0 * n + 8.0) * 0x1.0p-53 + 5.0 * kMassError) * (total + left_out) +
-                        2.0 * left_out + extra_margin * total;
+  const double depth = static_cast<double>(2 * kPiece + static_cast<int64_t>(pieces.size()) + 1);
+  const double left_out = static_cast<double>(left_out_tokens) * r.skip_bound;
+  const double margin =
+      ((3.0 * n + 3.0 * depth + 4.0) * 0x1.0p-53 + 3.0 * kMassError) * (total + left_out) +
+      2.0 * left_out + extra_margin * total;
   const double target = RowUniform(r.p.seed, r.p.position) * total;
 
   double before = 0.0;  // C_k

@@ -14,7 +14,7 @@
 //      target lies within that margin of the token's lower or upper boundary, or nothing
 //      crosses, the row is drawn by the oracle's InverseCdfDraw itself. So the token is always
 //      the oracle's; the fallback costs one more pass over the row on one thread and comes in
-//      ~1e-6 of rows or fewer.
+//      ~6 V^2 2^-53 of rows or fewer (1.5e-5 at V = 151,936; 7e-7 at 32,000).
 // Internal to kernels/cpu_fast.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_INVERSE_CDF_PASS_H_
 #define SAMPLERD_KERNELS_CPU_FAST_INVERSE_CDF_PASS_H_
@@ -29,10 +29,12 @@ namespace samplerd::kernels::cpu_fast_internal {
 // Tokens per piece: the unit the finish scans (kChunk is a multiple of it).
 inline constexpr int64_t kPiece = 512;
 
-// Tokens with (x_max - x) / T beyond this (mass < e^-28 ~ 6.9e-13) are left out of the sums;
-// their possible mass joins the margin. 28 keeps that part of the margin, V x 6.9e-13 of a total
-// >= 1, near 1e-7 at V = 151,936, so it adds ~1e-7 of fallbacks at most.
-inline constexpr double kSkipLogits = 28.0;
+// Tokens with (x_max - x) / T beyond this (mass < e^-36 ~ 2.3e-16) are left out of the sums;
+// their possible mass joins the margin (counted: left-out tokens x 2.3e-16 of a total >= 1,
+// no more than the margin's rounding part, ~3 V 2^-53). 36 < 44 keeps every argument inside
+// ExpNonPositive's domain. (At 28 the left-out part dominated the margin: ~5e-4 of randn * 3
+// rows fell back at V = 32,000.)
+inline constexpr double kSkipLogits = 36.0;
 
 // Prepares r (Plan::kInverseCdf, r.top_x the row's max x, r.p its parameters) for MassPieces.
 void StartInverseCdf(RowState& r);

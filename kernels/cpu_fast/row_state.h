@@ -60,7 +60,8 @@ struct Candidate {
 struct MassPiece {
   int64_t begin;
   int64_t end;
-  double mass;
+  double mass;       // of the tokens kept
+  int64_t left_out;  // tokens left out of `mass` (x < RowState::skip_below)
 };
 
 // Chunk tasks of one row lock `mu` to merge their results into it; the per-row steps (Decide,
