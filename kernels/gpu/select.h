@@ -357,9 +357,13 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
     }
     FindCrossingBin<kThreads>(s, nbins, above, target, by_mass);
     const int bin = s.found_bin;
-    if (bin < 0) return round == 0 ? lo_key : (prefix << (shift + bits));
     const uint64_t bin_above = s.found_above;
-    const uint32_t bin_count = s.hist.count[bin];
+    const uint32_t bin_count = bin < 0 ? 0u : s.hist.count[bin];
+    // Every thread reads the bin before any goes on: the next round clears the histogram and
+    // resets found_bin. Without this barrier a late thread could read the next round's zeroes,
+    // take another branch than its block and return a wrong threshold (racecheck, NOTES.md v23).
+    __syncthreads();
+    if (bin < 0) return round == 0 ? lo_key : (prefix << (shift + bits));
     const uint32_t bin_prefix = (round == 0 ? 0u : (prefix << bits)) | static_cast<uint32_t>(bin);
     if (round == 2) return bin_prefix;  // a single key value: all of it is kept
     if (bin_count <= static_cast<uint32_t>(kSortCap)) {
