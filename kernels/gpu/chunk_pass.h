@@ -10,8 +10,8 @@
 #define SAMPLERD_KERNELS_GPU_CHUNK_PASS_H_
 
 #include <cstdint>
-#include <type_traits>
 
+#include "kernels/common/inverse_cdf.h"
 #include "kernels/gpu/chunk_stats.h"
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/mass_plan.h"
@@ -120,49 +120,24 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   float best_x = -kInfF;
   int32_t best_i = -1;  // item of best_x; items run in index order, so `>` keeps the lowest
   ArgMaxPair draw{-kInfF, INT64_MAX};
-  const bool draws = DrawsInChunkPass(params, p.rows.vocab);
+  const bool plain = IsPlainTemperature(params, p.rows.vocab);
   const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
   float max_z = -kInfF;
-  // One specialised copy of the loop per kind of row, so that each runs only its own code: at
-  // small batches the time goes to fetching instructions from a cold cache (ncu, NOTES.md v8),
-  // and a loop carrying every kind's branches fetches them all.
-  auto classify = [&](auto tempered, auto drawing) {
-    constexpr bool kTempered = decltype(tempered)::value;
-    constexpr bool kDrawing = decltype(drawing)::value;
+  // The statistics of x and z (rows whose z is not x).
+  auto classify = [&]() {
 #pragma unroll
-    for (int g = 0; g < kItemsPerThread / 4; ++g) {
-      PhiloxCounter noise_bits{{0, 0, 0, 0}};
-      const int64_t group = ItemIndex(begin, g * 4);
-      float floor_score = -kInfF;  // the wave's best score so far: a token below it cannot win
-      if constexpr (kDrawing) {
-        if (group < end) noise_bits = Philox4x32x10(PhiloxCounterFor(params.position, group), key);
-        floor_score = WaveMax(draw.value);
+    for (int i = 0; i < kItemsPerThread; ++i) {
+      const float v = x[i];
+      nan += v != v;
+      pinf_x += v == kInfF;
+      finite_x += v > -kInfF;
+      if (v > best_x) {
+        best_x = v;
+        best_i = i;
       }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = g * 4 + e;
-        const float v = x[i];
-        nan += v != v;
-        pinf_x += v == kInfF;
-        finite_x += v > -kInfF;
-        if (v > best_x) {
-          best_x = v;
-          best_i = i;
-        }
-        if constexpr (kTempered) {
-          const float z = temper(v);
-          pinf_z += z == kInfF;
-          max_z = fmaxf(max_z, z);  // fmaxf drops NaN
-          if constexpr (kDrawing) {
-            // The exact Gumbel (two logf) only where it could win (MayBeat, device_common.h).
-            const float u = UniformFromBits(noise_bits.word[e]);
-            if (z > -kInfF && MayBeat(z, u, floor_score)) {
-              const ArgMaxPair scored{z + GumbelFromUniform(u), group + e};
-              if (Better(scored, draw)) draw = scored;
-            }
-          }
-        }
-      }
+      const float z = temper(v);
+      pinf_z += z == kInfF;
+      max_z = fmaxf(max_z, z);  // fmaxf drops NaN
     }
   };
   // Rows that need only the statistics of x (greedy; z = x at T = 1): the argmax and one
@@ -196,16 +171,13 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   };
   if (greedy) {
     classify_x();
-  } else if (draws) {
-    mask_x();
-    classify(std::true_type{}, std::true_type{});
   } else if (unit_temperature) {  // z = x: the statistics of x are those of z (v13)
     classify_x();
     pinf_z = pinf_x;
     max_z = best_x;
   } else {
     mask_x();
-    classify(std::true_type{}, std::false_type{});
+    classify();
   }
   const float thread_max_z = max_z;
   if (!greedy) max_z = Reduce::Max(reduce, max_z);
@@ -237,7 +209,6 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
                   (static_cast<uint64_t>(pinf_z) << 32) | (static_cast<uint64_t>(finite_x) << 48));
   const ArgMaxPair best =
       Reduce::ArgMax(reduce, ArgMaxPair{best_x, best_i < 0 ? INT64_MAX : ItemIndex(begin, best_i)});
-  if (draws) draw = Reduce::ArgMax(reduce, draw);
   const int64_t stats_slot = row * p.rows.chunks + chunk;
   // The reductions above waited for every thread's histogram atomics.
   if (histogram) StoreMassHistogram<kChunkThreads>(mass_sh, p.mass, stats_slot);
@@ -251,6 +222,18 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       if (z > -kInfF && z < kInfF) sum_z += expf(z - max_z);
     });
     sum_z = Reduce::Sum(reduce, sum_z);
+  }
+  // Plain-temperature rows: the chunk's mass relative to its max x, in double, for the
+  // inverse-CDF draw of the finish (inverse_cdf.h; kernels/common/inverse_cdf.h). A chunk
+  // with a +-inf max, or a NaN, leaves it 0: the finish then takes another path.
+  double mass_x = 0.0;
+  if (plain && best.value > -kInfF && best.value < kInfF && (counts & 0xffff) == 0) {
+    const double reference = static_cast<double>(best.value);
+    const double inv_t = InverseTemperature(params.temperature);
+    for_items([&](int64_t, float v) {
+      if (v > -kInfF) mass_x += InverseCdfMass(v, reference, inv_t);
+    });
+    mass_x = Reduce::SumF64(reduce, mass_x);
   }
   float sum_x = 0.0f;
   if (p.raw_logprobs && best.value > -kInfF && best.value < kInfF) {
@@ -379,6 +362,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     s.overflow = overflow;
     s.best_score = draw.value;
     s.best_index = draw.index;
+    s.mass_x = mass_x;
     p.stats[stats_slot] = s;
   }
 }

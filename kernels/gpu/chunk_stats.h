@@ -29,8 +29,9 @@ struct ChunkStats {
   uint32_t not_neg_inf_x;  // x > -inf
   uint32_t candidates;     // candidates written
   uint32_t overflow;       // 1: the chunk had more than kCandidateCap candidates
-  float best_score;        // rows drawn in this pass (DrawsInChunkPass): max of z + G
+  float best_score;        // top-k rows whose candidates overflowed: max of z + G
   int64_t best_index;      // its lowest index
+  double mass_x;           // plain-temperature rows: sum of InverseCdfMass(x, max_x, 1 / T), else 0
 };
 
 }  // namespace samplerd::kernels::gpu

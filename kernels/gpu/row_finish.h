@@ -14,6 +14,7 @@
 #include "kernels/gpu/candidate_finish.h"
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/device_common.h"
+#include "kernels/gpu/inverse_cdf.h"
 #include "kernels/gpu/mass_plan.h"
 #include "kernels/gpu/rows_in.h"
 #include "kernels/gpu/select.h"
@@ -114,7 +115,7 @@ struct RowSummary {
   uint32_t pos_inf_z;
   uint32_t not_neg_inf_x;
   bool candidates_ok;
-  ArgMaxPair drawn;  // rows drawn in the chunk pass (or tied): the best z + G over all chunks
+  ArgMaxPair drawn;  // top-k rows whose candidates all tied: the best z + G over all chunks
   bool tied;  // a flat row: TiedAtRowMax, set only for top-k rows whose candidates overflowed
 };
 
@@ -157,47 +158,33 @@ __device__ inline bool TiedAtRowMax(const ChunkStats* staged, int chunks, float 
   return true;
 }
 
-// The token of a row that pass 1 already decided (greedy, or drawn in the chunk pass), when the
-// row is ordinary: no NaN, a token above -inf and, for a drawn row, a finite max z. The same
-// choice as CombineChunks, made by the block's first wave with shuffles (thread 0 alone spent
-// ~6,000 cycles on CombineChunks at 19 chunks, NOTES.md v16): greedy takes the argmax of the
-// first chunk holding the row's max x, a drawn row the best z + G (a total order, so the
-// reduction's shape does not matter). -1 for a row that is not ordinary: the general finish
-// gives it its status. Every thread must call; one barrier.
-__device__ inline int64_t PassOneToken(const ChunkStats* stats, int chunks, bool greedy,
-                                       int64_t* slot) {
+// The token of a greedy row, which pass 1 already decided, when the row is ordinary: no NaN and
+// a token above -inf. The same choice as CombineChunks (the argmax of the first chunk holding
+// the row's max x), made by the block's first wave with shuffles (thread 0 alone spent ~6,000
+// cycles on CombineChunks at 19 chunks, NOTES.md v16). -1 for a row that is not ordinary: the
+// general finish gives it its status. Every thread must call; one barrier.
+__device__ inline int64_t GreedyToken(const ChunkStats* stats, int chunks, int64_t* slot) {
   if (threadIdx.x < static_cast<unsigned>(kWaveSize)) {
     const int lane = static_cast<int>(threadIdx.x);
-    float max_x = -kInfF, max_z = -kInfF;
+    float max_x = -kInfF;
     uint32_t odd = 0, finite = 0;
-    ArgMaxPair drawn{-kInfF, INT64_MAX};
     for (int k = lane; k < chunks; k += kWaveSize) {
       const ChunkStats& s = stats[k];
       max_x = fmaxf(max_x, s.max_x);
-      max_z = fmaxf(max_z, s.max_z);
-      odd |= s.nan_count | (greedy ? 0u : s.pos_inf_z);
+      odd |= s.nan_count;
       finite |= s.not_neg_inf_x;
-      const ArgMaxPair chunk_best{s.best_score, s.best_index};
-      if (Better(chunk_best, drawn)) drawn = chunk_best;
     }
     max_x = WaveMax(max_x);
     const bool ordinary = WaveOr(odd) == 0 && WaveOr(finite) != 0;
-    int64_t token = -1;
-    if (greedy) {
-      int first = chunks;
-      for (int k = lane; k < chunks; k += kWaveSize) {
-        if (stats[k].not_neg_inf_x > 0 && stats[k].max_x == max_x) {
-          first = k;
-          break;
-        }
+    int first = chunks;
+    for (int k = lane; k < chunks; k += kWaveSize) {
+      if (stats[k].not_neg_inf_x > 0 && stats[k].max_x == max_x) {
+        first = k;
+        break;
       }
-      first = WaveMinInt(first);
-      if (ordinary && first < chunks && lane == 0) token = stats[first].argmax_x;
-    } else {
-      drawn = WaveArgMax(drawn);
-      if (ordinary && WaveMax(max_z) > -kInfF) token = drawn.index;
     }
-    if (lane == 0) *slot = token;
+    first = WaveMinInt(first);
+    if (lane == 0) *slot = ordinary && first < chunks ? stats[first].argmax_x : -1;
   }
   __syncthreads();
   return *slot;
@@ -213,12 +200,13 @@ struct FinishShared {
     SelectStorage select;
     ChunkStats staged[kMaxStagedChunks];  // only until the row summary is made
     MassPlanScratch mass_plan;            // mass rows' plan (mass_plan.h)
+    InverseCdfShared inverse_cdf;         // plain-temperature rows' draw (inverse_cdf.h)
   };
   uint32_t candidate_offset[kMaxStagedChunks + 1];
   BlockReduce<kFinishThreads>::Storage reduce;
   RowSummary summary;
   CandidateScratch candidates;  // top-k rows (candidate_finish.h)
-  int64_t pass_one_token;       // PassOneToken
+  int64_t greedy_token;         // GreedyToken
 };
 
 // Gumbel-max over the items of `source` with key >= lo: argmax of z + G (or of G alone when

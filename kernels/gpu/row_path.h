@@ -2,7 +2,8 @@
 // block of every pass agrees without talking): the one place to change when a stage is added.
 //
 //   greedy            argmax in pass 1, written by the finish
-//   drawn in pass 1   plain temperature: Gumbel-max over every chunk in ChunkPassKernel
+//   plain temperature pass 1 sums each chunk's mass; the finish draws by inverse CDF
+//                     (IsPlainTemperature, kernels/common/inverse_cdf.h; inverse_cdf.h)
 //   candidates        top-k <= kMaxCandidateK (with or without min-p / top-p): pass 1 emits a
 //                     superset of the top-k per chunk; one finish block sorts it
 //   mass              top-p alone, no logprobs: two multi-block passes (mass_plan.h,
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/inverse_cdf.h"
 #include "kernels/common/sampling_types.h"
 #include "kernels/gpu/platform.h"
 
@@ -31,11 +33,6 @@ __device__ __forceinline__ bool TopKActive(const RowParams& p, int64_t vocab) {
 
 __device__ __forceinline__ bool TopPActive(const RowParams& p) {
   return p.top_p > 0.0f && p.top_p < 1.0f;
-}
-
-// Rows with no filter (plain temperature) draw in pass 1: every finite z competes.
-__device__ __forceinline__ bool DrawsInChunkPass(const RowParams& p, int64_t vocab) {
-  return !IsGreedy(p) && !TopKActive(p, vocab) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
 }
 
 // Rows whose top-k is resolved from the chunk candidates.

@@ -114,9 +114,24 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   const ChunkStats* stats = p.stats + row * p.rows.chunks;
   const uint32_t* candidate_key = p.candidate_key + row * p.rows.chunks * kCandidateCap;
   const int32_t* candidate_index = p.candidate_index + row * p.rows.chunks * kCandidateCap;
-  if (p.top_logprobs < 0 && (IsGreedy(params) || DrawsInChunkPass(params, p.rows.vocab))) {
+  // Plain temperature: the inverse-CDF draw from pass 1's chunk masses (inverse_cdf.h), at one
+  // call site for every such row (with logprobs, the general finish below uses its token).
+  const bool plain = IsPlainTemperature(params, p.rows.vocab);
+  int64_t plain_token = -1;
+  if (plain) {
+    plain_token = InverseCdfToken<kFinishThreads, kDType>(p.rows, row, params, stats,
+                                                          sh.inverse_cdf, sh.reduce);
+    if (p.top_logprobs < 0 && plain_token >= 0) {
+      if (threadIdx.x == 0) {
+        p.token_ids[row] = static_cast<int32_t>(plain_token);
+        p.status[row] = RowStatus::kOk;
+      }
+      return;
+    }
+  }
+  if (p.top_logprobs < 0 && IsGreedy(params)) {
     // Pass 1 decided the token; the chunk stats only have to be combined (v16).
-    const int64_t token = PassOneToken(stats, p.rows.chunks, IsGreedy(params), &sh.pass_one_token);
+    const int64_t token = GreedyToken(stats, p.rows.chunks, &sh.greedy_token);
     if (token >= 0) {
       if (threadIdx.x == 0) {
         p.token_ids[row] = static_cast<int32_t>(token);
@@ -207,8 +222,13 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     kind = DrawKind::kTopTies;
     token = GumbelDraw(x_source(), OrderedKey(summary.max_x), /*noise_only=*/true, 0.0f, params, sh,
                        &mass, &count);
-  } else if (DrawsInChunkPass(params, p.rows.vocab) && !processed_logprobs) {
-    token = summary.drawn.index;  // drawn in the chunk pass; no survivor mass needed
+  } else if (plain && plain_token >= 0) {
+    // The inverse-CDF draw made above; processed logprobs need the survivors' mass and count,
+    // which the unfiltered FilterAndDraw gives (its own token is not used).
+    if (processed_logprobs) {
+      FilterAndDraw(z_source, params, p.rows.vocab, summary, sh, &threshold, &mass, &count);
+    }
+    token = plain_token;
   } else if (summary.tied && !processed_logprobs) {
     token = summary.drawn.index;  // every finite z ties at the max: every filter keeps them all
   } else if (use_candidates) {

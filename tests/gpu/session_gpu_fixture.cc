@@ -196,6 +196,31 @@ int CheckStep(DirectSampler& direct, const EngineSide& engine, const Batch& ref_
   return bad;
 }
 
+void WarmKernels() {
+  static const bool warmed = [] {
+    for (DType dtype : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+      for (int32_t top_logprobs : {-1, 0}) {
+        kernels::testing::Batch b;
+        b.dtype = dtype;
+        b.batch = 5;
+        b.vocab = 9000;  // two chunks
+        b.row_stride = b.vocab;
+        std::mt19937_64 rng(1);
+        b.bytes = RandomLogits(dtype, b.batch, b.vocab, b.vocab, rng);
+        b.params = {kernels::testing::Params(0.0f, 0, 1.0f, 0.0f),
+                    kernels::testing::Params(0.8f, 0, 1.0f, 0.0f),
+                    kernels::testing::Params(1.0f, 50, 1.0f, 0.0f),
+                    kernels::testing::Params(1.0f, 0, 0.9f, 0.0f),
+                    kernels::testing::Params(1.0f, 0, 1.0f, 0.1f)};
+        b.top_logprobs = top_logprobs;
+        kernels::testing::RunGpu(b);
+      }
+    }
+    return true;
+  }();
+  (void)warmed;
+}
+
 std::vector<uint8_t> RandomLogits(DType dtype, int64_t rows, int64_t vocab, int64_t stride,
                                   std::mt19937_64& rng) {
   Batch b;

@@ -61,6 +61,13 @@ Batch ReferenceBatch(DType dtype, int64_t vocab, int64_t stride, const std::vect
 int CheckStep(DirectSampler& direct, const EngineSide& engine, const Batch& ref_batch,
               const std::vector<EngineRow>& rows, bool logprobs, int step);
 
+// Runs every sampling path once per dtype, with and without logprobs, the first time it is
+// called in the process. A kernel's first launch may have to grow the context's local memory
+// (its stack), and the driver then waits for the context to go idle, which an engine parked on
+// done in this process prevents, as lazy module loading did (session_gpu_fixture.cc). The
+// server warms its kernels at start (GpuSampler::Warmup) and parks nothing.
+void WarmKernels();
+
 class GpuPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -74,6 +81,7 @@ class GpuPlaneTest : public ::testing::Test {
   }
 
   std::unique_ptr<PlaneRunner> Start(const EngineSide& engine, const std::string& id) {
+    WarmKernels();
     GpuPlaneOptions options;
     auto runner = StartGpuPlane(engine.Spec(id), options, [this](const absl::Status& s) {
       std::lock_guard<std::mutex> lock(fault_mu_);
