@@ -52,6 +52,28 @@ void ExpectFitsTheReferenceDistribution(const std::vector<float>& x, const RowPa
   EXPECT_LT(chi.statistic, ChiSquareCritical(chi.df, kAlpha)) << "df " << chi.df;
 }
 
+// Draws kDraws rows of x under these processors and `p` (positions 0, 1, ...) and checks the
+// counts against `prob` with Pearson's chi-square.
+void ExpectProcessedDrawsFit(const std::vector<float>& x, const std::vector<TokenAdjust>& adjusts,
+                             const std::vector<uint32_t>& mask, const RowParams& p,
+                             const std::vector<double>& prob) {
+  testing::BatchProcessors proc;
+  proc.adjusts.assign(kDraws, adjusts);
+  proc.masks.assign(kDraws, mask);
+  std::vector<RowParams> params(kDraws, p);
+  for (int i = 0; i < kDraws; ++i) params[i].position = static_cast<uint64_t>(i);
+  std::vector<int64_t> counts(x.size(), 0);
+  for (const RowResult& r :
+       SampleProcessed(std::vector<std::vector<float>>(kDraws, x), params, proc)) {
+    ASSERT_TRUE(r.token >= 0 && prob[r.token] > 0.0)
+        << "drew token " << r.token << " outside the support";
+    ++counts[r.token];
+  }
+  const ChiSquare chi = Pearson(counts, prob, kDraws);
+  ASSERT_GE(chi.df, 2) << "setting too concentrated to test";
+  EXPECT_LT(chi.statistic, ChiSquareCritical(chi.df, kAlpha)) << "df " << chi.df;
+}
+
 TEST(CpuSamplerStats, ChiSquareCriticalValuesMatchClosedForms) {
   // df 1 is a squared normal (two tails); df 2 is an exponential with mean 2.
   const double z = NormalUpperQuantile(0.5e-6);
@@ -111,22 +133,7 @@ TEST(CpuSamplerStats, ProcessedSamplingFitsTheRenormalisedProcessedDistribution)
   p.top_k = 30;
   p.min_p = 0.01f;
   const std::vector<double> prob = ReferenceDistribution(ExpectedProcessed(x, adjusts, mask), p);
-
-  testing::BatchProcessors proc;
-  proc.adjusts.assign(kDraws, adjusts);
-  proc.masks.assign(kDraws, mask);
-  std::vector<RowParams> params(kDraws, p);
-  for (int i = 0; i < kDraws; ++i) params[i].position = static_cast<uint64_t>(i);
-  std::vector<int64_t> counts(x.size(), 0);
-  for (const RowResult& r :
-       SampleProcessed(std::vector<std::vector<float>>(kDraws, x), params, proc)) {
-    ASSERT_TRUE(r.token >= 0 && prob[r.token] > 0.0)
-        << "drew token " << r.token << " outside the support";
-    ++counts[r.token];
-  }
-  const ChiSquare chi = Pearson(counts, prob, kDraws);
-  ASSERT_GE(chi.df, 2) << "setting too concentrated to test";
-  EXPECT_LT(chi.statistic, ChiSquareCritical(chi.df, kAlpha)) << "df " << chi.df;
+  ExpectProcessedDrawsFit(x, adjusts, mask, p, prob);
 }
 
 TEST(CpuSamplerStats, ProcessedPlainRowFitsSoftmaxOfTheProcessedRow) {
@@ -140,21 +147,7 @@ TEST(CpuSamplerStats, ProcessedPlainRowFitsSoftmaxOfTheProcessedRow) {
   const std::vector<uint32_t> mask = MaskAllowing(80, allowed);
   const RowParams p = Params(1.1f, 127);
   const std::vector<double> prob = ReferenceDistribution(ExpectedProcessed(x, adjusts, mask), p);
-  testing::BatchProcessors proc;
-  proc.adjusts.assign(kDraws, adjusts);
-  proc.masks.assign(kDraws, mask);
-  std::vector<RowParams> params(kDraws, p);
-  for (int i = 0; i < kDraws; ++i) params[i].position = static_cast<uint64_t>(i);
-  std::vector<int64_t> counts(x.size(), 0);
-  for (const RowResult& r :
-       SampleProcessed(std::vector<std::vector<float>>(kDraws, x), params, proc)) {
-    ASSERT_TRUE(r.token >= 0 && prob[r.token] > 0.0)
-        << "drew token " << r.token << " outside the support";
-    ++counts[r.token];
-  }
-  const ChiSquare chi = Pearson(counts, prob, kDraws);
-  ASSERT_GE(chi.df, 2);
-  EXPECT_LT(chi.statistic, ChiSquareCritical(chi.df, kAlpha)) << "df " << chi.df;
+  ExpectProcessedDrawsFit(x, adjusts, mask, p, prob);
 }
 
 TEST(CpuSamplerStats, MinPSamplingFitsTheRenormalisedSurvivors) {
