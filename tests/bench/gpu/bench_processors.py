@@ -55,6 +55,13 @@ def penalty_entries(batch, vocab, gen):
     return (dense_counts, dense_prompt), (adjusts, offsets)
 
 
+def bind_sample_processed(lib):
+    """Declares samplerd_sample_processed's ctypes signature (sample.h)."""
+    lib.samplerd_sample_processed.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 4 + [
+        ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 3
+
+
 def torch_processors(logits, mask, dense):
     x = logits.float()
     if mask is not None:
@@ -82,10 +89,7 @@ def main():
 
     ours = Ours(args.lib)
     L = ours.lib
-    L.samplerd_sample_processed.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
-                                            ctypes.c_int64] + [ctypes.c_void_p] * 4 + [
-                                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int] + [
-                                            ctypes.c_void_p] * 3
+    bind_sample_processed(L)
     assert L.samplerd_token_adjust_bytes() == 16
     flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
     bw = read_bandwidth(flush)

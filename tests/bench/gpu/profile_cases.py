@@ -18,7 +18,7 @@ import ctypes
 import torch
 
 from bench_kernels import DISTS, EXTRA_SETTINGS, SETTINGS, Ours, make_logits
-from bench_processors import bitmask_words, penalty_entries
+from bench_processors import bind_sample_processed, bitmask_words, penalty_entries
 
 
 def parse_case(text):
@@ -46,10 +46,7 @@ def main():
 
     ours = Ours(args.lib)
     L = ours.lib
-    L.samplerd_sample_processed.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
-                                            ctypes.c_int64] + [ctypes.c_void_p] * 4 + [
-                                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int] + [
-                                            ctypes.c_void_p] * 3
+    bind_sample_processed(L)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     v = args.vocab
