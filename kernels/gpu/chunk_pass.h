@@ -60,10 +60,33 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   // Pass 1 holds the chunk in registers (every load in flight at once); later passes re-read
   // it from L1 group by group, so that x[] does not live across them (kept live, it was
   // demoted to local memory and serialised the loads: NOTES.md v3).
+  //
+  // A whole chunk of a row aligned for vector loads (every chunk but a row's last, on the rows
+  // engines hand over) loads each of the thread's groups with one vector load at a constant
+  // offset from `mine`, with no bounds or alignment test: LoadGroup's tests were ~13
+  // instructions a group in every loop over the chunk (SASS, v25).
+  const bool whole = end - begin == kChunk && GroupsAligned<kDType>(row_ptr);
+  const char* const mine =
+      static_cast<const char*>(row_ptr) + ItemIndex(begin, 0) * (kGroupBytes<kDType> / 4);
+  constexpr int kGroupStride = kChunkThreads * kGroupBytes<kDType>;  // bytes between groups
+  auto load_raw = [&](int g, float* v) {
+    if (whole) {
+      LoadAlignedGroup<kDType>(mine + g * kGroupStride, v);
+    } else {
+      LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, v);
+    }
+  };
   float x[kItemsPerThread];
+  if (whole) {
 #pragma unroll
-  for (int g = 0; g < kItemsPerThread / 4; ++g) {
-    LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
+    for (int g = 0; g < kItemsPerThread / 4; ++g) {
+      LoadAlignedGroup<kDType>(mine + g * kGroupStride, &x[g * 4]);
+    }
+  } else {
+#pragma unroll
+    for (int g = 0; g < kItemsPerThread / 4; ++g) {
+      LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
+    }
   }
   // The logits processors, once every load is in flight (row_processors.h). Their bits stay
   // in two registers for the passes below, which re-read the chunk group by group. x[] gets
@@ -79,17 +102,22 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     }
   }
   auto allowed = [&](int i) { return !kProcs || RowProcessors::Allowed(proc_bits, i); };
+  // Group g's 4 allow bits (bit e: token e of the group), for the loops over groups that are
+  // not unrolled: one shift a group, where allowed(g * 4 + e) took ~3 instructions a token
+  // (a variable shift; SASS, v25).
+  auto group_allow = [&](int g) { return kProcs ? proc_bits.allow >> (4 * g) : 0xfu; };
+  auto allowed_in = [](uint32_t allow, int e) { return (allow & (1u << e)) != 0u; };
   // Group g of this thread again (from L1), processed.
   auto load_group = [&](int g, float* v) {
-    const int64_t j = ItemIndex(begin, g * 4);
-    LoadGroup<kDType>(row_ptr, j, end, v);
-    if constexpr (kProcs) p.rows.procs.ApplyBits(row, j, proc_bits, g, v);
+    load_raw(g, v);
+    if constexpr (kProcs) p.rows.procs.ApplyBits(row, ItemIndex(begin, g * 4), proc_bits, g, v);
   };
-  // The same with the bias and penalties only: for loops that test allowed(g * 4 + e).
+  // The same with the bias and penalties only: for loops that test group_allow(g).
   auto load_adjusted = [&](int g, float* v) {
-    const int64_t j = ItemIndex(begin, g * 4);
-    LoadGroup<kDType>(row_ptr, j, end, v);
-    if constexpr (kProcs) p.rows.procs.ApplyAdjusts(row, j, proc_bits, g, v);
+    load_raw(g, v);
+    if constexpr (kProcs) {
+      p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, v);
+    }
   };
   // The row's parameters are read after the chunk's loads are issued, so that their latency
   // overlaps (ncu v5: blocks stalled on this load before their first logits load).
@@ -116,10 +144,20 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   const bool plain = IsPlainTemperature(params, p.rows.vocab);
   const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
   float max_z = -kInfF;
+  static_assert(kItemsPerThread == 32, "one bit an item in the allow word");
+  const uint32_t allow_items = kProcs ? proc_bits.allow : ~0u;  // bit i: item i allowed
+  // The rare paths below test a token's value into bit i of a word and count it under the
+  // allow bits once (a popcount), instead of testing allowed(i) per token: sharing those tests
+  // with the loop that every thread runs, the compiler kept 32 predicates as bits of a register
+  // in that loop, ~6 instructions a token more than the one test it needs (SASS, v25).
   // The allowed tokens whose z = x / T overflows to +inf (rows whose z is not x; rare).
   auto classify_inf_z = [&]() {
+    uint32_t inf_z = 0;
 #pragma unroll
-    for (int i = 0; i < kItemsPerThread; ++i) pinf_z += allowed(i) && temper(x[i]) == kInfF;
+    for (int i = 0; i < kItemsPerThread; ++i) {
+      inf_z |= static_cast<uint32_t>(temper(x[i]) == kInfF) << i;
+    }
+    pinf_z = __popc(inf_z & allow_items);
   };
   // The statistics of x, for every row: the argmax and one
   // predicate a token for "NaN or +-inf"; the counts from a second look at the registers only
@@ -139,16 +177,19 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     }
     if (!special) {
       // every item finite (items past the row's end read -inf)
-      finite_x = kProcs ? __popc(proc_bits.allow) : kItemsPerThread;
+      finite_x = __popc(allow_items);
       return;
     }
+    uint32_t inf_bits = 0, finite_bits = 0;
 #pragma unroll  // (a loop over x[] that is not unrolled would move x[] to local memory)
     for (int i = 0; i < kItemsPerThread; ++i) {
       const float v = x[i];
       nan += v != v;  // the mask keeps NaN
-      pinf_x += allowed(i) && v == kInfF;
-      finite_x += allowed(i) && v > -kInfF;
+      inf_bits |= static_cast<uint32_t>(v == kInfF) << i;
+      finite_bits |= static_cast<uint32_t>(v > -kInfF) << i;
     }
+    pinf_x = __popc(inf_bits & allow_items);
+    finite_x = __popc(finite_bits & allow_items);
   };
   classify_x();            // every row; the statistics of z follow from those of x
   if (unit_temperature) {  // z = x (v13)
@@ -175,10 +216,11 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
       load_adjusted(g, v);
+      const uint32_t allow = group_allow(g);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float z = temper(v[e]);
-        if (!(allowed(g * 4 + e) && z > -kInfF)) continue;
+        if (!(allowed_in(allow, e) && z > -kInfF)) continue;
         min_z = fminf(min_z, z);
         AddToMassHistogram(mass_sh, z, max_z, top);
       }
@@ -266,28 +308,30 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     }
     __syncthreads();
     const float from = candidate_from;  // x >= from <=> z >= the threshold: no divide a token
-    uint32_t mine = 0;
-    uint32_t groups = 0;  // bit g: group g holds a candidate
+    uint32_t candidates_here = 0;       // this thread's
+    uint32_t groups = 0;                // bit g: group g holds a candidate
 #pragma unroll 1
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
       load_adjusted(g, v);
+      const uint32_t allow = group_allow(g);
       uint32_t here = 0;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) here += allowed(g * 4 + e) && v[e] >= from;
-      mine += here;
+      for (int e = 0; e < 4; ++e) here += allowed_in(allow, e) && v[e] >= from;
+      candidates_here += here;
       if (here > 0) groups |= 1u << g;
     }
-    uint32_t slot = mine > 0 ? atomicAdd(&candidate_count, mine) : 0;
+    uint32_t slot = candidates_here > 0 ? atomicAdd(&candidate_count, candidates_here) : 0;
 #pragma unroll 1
     for (; groups != 0; groups &= groups - 1) {
       const int g = __ffs(groups) - 1;
       const int64_t group = ItemIndex(begin, g * 4);
       float v[4];
       load_adjusted(g, v);
+      const uint32_t allow = group_allow(g);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (!(allowed(g * 4 + e) && v[e] >= from)) continue;
+        if (!(allowed_in(allow, e) && v[e] >= from)) continue;
         if (slot < static_cast<uint32_t>(kCandidateCap)) {
           p.candidate_key[slot_base + slot] = OrderedKey(temper(v[e]));
           p.candidate_index[slot_base + slot] = static_cast<int32_t>(group + e);

@@ -65,34 +65,47 @@ __device__ __forceinline__ float LoadLogit(const void* row, int64_t i) {
   }
 }
 
+// Bytes of one group of 4 logits, and the alignment of its vector load.
+template <DType kDType>
+inline constexpr int kGroupBytes = kDType == DType::kFp32 ? 16 : 8;
+
+// Whether every group at a 4-aligned index of a row starting at `row` is aligned for one vector
+// load (LoadAlignedGroup).
+template <DType kDType>
+__device__ __forceinline__ bool GroupsAligned(const void* row) {
+  return (reinterpret_cast<uintptr_t>(row) & (kGroupBytes<kDType> - 1)) == 0;
+}
+
+// The 4 logits at `p`, which is aligned to kGroupBytes: one vector load, no test.
+template <DType kDType>
+__device__ __forceinline__ void LoadAlignedGroup(const void* p, float* out) {
+  if constexpr (kDType == DType::kFp32) {
+    const float4 v = *static_cast<const float4*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else {
+    const uint2 v = *static_cast<const uint2*>(p);
+    const uint16_t h[4] = {static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16),
+                           static_cast<uint16_t>(v.y), static_cast<uint16_t>(v.y >> 16)};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      out[e] = kDType == DType::kBf16 ? __uint_as_float(static_cast<uint32_t>(h[e]) << 16)
+                                      : HalfToFloat(h[e]);
+    }
+  }
+}
+
 // Loads the 4 consecutive elements at `j` (4-aligned) of a row: one vector load when the
 // address allows, else element by element; past `end` reads -inf.
 template <DType kDType>
 __device__ __forceinline__ void LoadGroup(const void* row, int64_t j, int64_t end, float* out) {
   if (j + 3 < end) {
-    if constexpr (kDType == DType::kFp32) {
-      const float* p = static_cast<const float*>(row) + j;
-      if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        out[0] = v.x;
-        out[1] = v.y;
-        out[2] = v.z;
-        out[3] = v.w;
-        return;
-      }
-    } else {
-      const uint16_t* p = static_cast<const uint16_t*>(row) + j;
-      if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
-        const uint2 v = *reinterpret_cast<const uint2*>(p);
-        const uint16_t h[4] = {static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16),
-                               static_cast<uint16_t>(v.y), static_cast<uint16_t>(v.y >> 16)};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          out[e] = kDType == DType::kBf16 ? __uint_as_float(static_cast<uint32_t>(h[e]) << 16)
-                                          : HalfToFloat(h[e]);
-        }
-        return;
-      }
+    const char* p = static_cast<const char*>(row) + j * (kGroupBytes<kDType> / 4);
+    if ((reinterpret_cast<uintptr_t>(p) & (kGroupBytes<kDType> - 1)) == 0) {
+      LoadAlignedGroup<kDType>(p, out);
+      return;
     }
   }
 #pragma unroll

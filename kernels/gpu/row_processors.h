@@ -77,17 +77,30 @@ struct RowProcessors {
     const bool all_in = j0 + off(kGroups - 1) < end;
     GroupBits bits{0u, 0u};
     if (all_in) {
+      // Each kind of bits under a uniform branch of its own: a launch with a mask alone ran the
+      // marks' shifts on the null words too (~3 instructions a group, SASS v25).
       const int64_t w0 = row_word + (j0 >> 5);
+      if (allowed != nullptr) {
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        allow_word[g] = allowed != nullptr ? allowed[w0 + (off(g) >> 5)] : ~0u;
-        mark_word[g] = marked != nullptr ? marked[w0 + (off(g) >> 5)] : 0u;
+        for (int g = 0; g < kGroups; ++g) allow_word[g] = allowed[w0 + (off(g) >> 5)];
       }
+      if (marked != nullptr) {
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        const int shift = shift0 + (off(g) & 31);
-        bits.allow |= ((allow_word[g] >> shift) & 0xfu) << (4 * g);
-        bits.mark |= ((mark_word[g] >> shift) & 0xfu) << (4 * g);
+        for (int g = 0; g < kGroups; ++g) mark_word[g] = marked[w0 + (off(g) >> 5)];
+      }
+      if (allowed == nullptr) {
+        bits.allow = kGroups == 8 ? ~0u : (1u << (4 * kGroups)) - 1u;
+      } else {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          bits.allow |= ((allow_word[g] >> (shift0 + (off(g) & 31))) & 0xfu) << (4 * g);
+        }
+      }
+      if (marked != nullptr) {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          bits.mark |= ((mark_word[g] >> (shift0 + (off(g) & 31))) & 0xfu) << (4 * g);
+        }
       }
       return bits;
     }
