@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   // not unrolled: one shift a group, where allowed(g * 4 + e) took ~3 instructions a token
   // (a variable shift; SASS, v25).
   auto group_allow = [&](int g) { return kProcs ? proc_bits.allow >> (4 * g) : 0xfu; };
-  auto allowed_in = [](uint32_t allow, int e) { return (allow & (1u << e)) != 0u; };
+  auto allowed_in = [](uint32_t allow, int e) { return AnyBitSet(allow, 1u << e); };
   // Group g of this thread again (from L1), processed.
   auto load_group = [&](int g, float* v) {
     load_raw(g, v);

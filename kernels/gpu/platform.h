@@ -118,6 +118,20 @@ __device__ __forceinline__ void GridWaitPrerequisites() {
 #endif
 }
 
+// Whether `word & mask` is nonzero, for a mask that is a constant once loops are unrolled: on
+// NVIDIA one LOP3 that sets the predicate its user reads. CUDA 13's front end rewrites
+// `(word & (1 << i)) != 0` into `((word >> i) & 1) == 1`, which ptxas issues as three
+// instructions (kernels/gpu/NOTES.md v26); the AND in inline PTX is opaque to that rewrite.
+__device__ __forceinline__ bool AnyBitSet(uint32_t word, uint32_t mask) {
+#if defined(__CUDA_ARCH__)
+  uint32_t both;
+  asm("and.b32 %0, %1, %2;" : "=r"(both) : "r"(word), "r"(mask));
+  return both != 0u;
+#else
+  return (word & mask) != 0u;
+#endif
+}
+
 }  // namespace samplerd::kernels::gpu
 
 #endif  // SAMPLERD_KERNELS_GPU_PLATFORM_H_

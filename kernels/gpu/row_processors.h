@@ -149,7 +149,7 @@ struct RowProcessors {
   __device__ __forceinline__ void ApplyAllowed(const GroupBits& bits, int g, float* v) const {
     const uint32_t allow = bits.allow >> (4 * g);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = (allow & (1u << e)) != 0u ? v[e] : Disallowed(v[e]);
+    for (int e = 0; e < 4; ++e) v[e] = AnyBitSet(allow, 1u << e) ? v[e] : Disallowed(v[e]);
   }
 
   // Whether item i of LoadBits's groups (token e = i % 4 of group g = i / 4) is allowed.
@@ -165,7 +165,7 @@ struct RowProcessors {
   // (A mask test, `allow & (1 << i)`, is one instruction that sets a predicate; `(allow >> i) & 1`
   // compiled to three.)
   __device__ __forceinline__ static bool Allowed(const GroupBits& bits, int i) {
-    return (bits.allow & (1u << i)) != 0u;
+    return AnyBitSet(bits.allow, 1u << i);
   }
 
   // The adjust of the marked token at bit `bit` of word w (whose value is `mark`): the word's
