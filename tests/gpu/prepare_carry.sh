@@ -11,14 +11,15 @@
 # ipc_owner_kill.py, python_client_cuda.py, device_session_cuda.py with its modules session_common.py,
 # session_checks_correctness.py, session_checks_kill.py, session_checks_bench.py and
 # session_checks_processors.py, session_bench_processors.py,
-# decode_loop.py, py/ (the Python client package
+# decode_loop.py, kernel_ab.sh and profile_cases.py (A/B of two kernel libraries), py/ (the Python client package
 # with the stubs of proto/samplerd/v1/*.proto, generated here with protoc and grpc_python_plugin: the GPU
 # machine has grpcio and protobuf but no generator), README.md, MANIFEST.txt and payload.tar.xz
 # (the stripped binaries, libsamplerd_capi.so and lib/ with the Debian shared libraries of the
 # gRPC binaries), which run_on_gpu.sh unpacks.
 #
 # Environment: SAMPLERD_CUDA_BUILD (build folder, default build/cuda), SAMPLERD_CARRY_DIR
-# (default .carry/gpu_run), JOBS (ninja -j, default 2), SAMPLERD_CARRY_MAX_MIB (default 60),
+# (default .carry/gpu_run), SAMPLERD_CARRY_OLD_DIR (where the replaced carry's kernel library
+# is kept, default the carry's sibling old/), JOBS (ninja -j, default 2), SAMPLERD_CARRY_MAX_MIB (default 60),
 # SAMPLERD_CARRY_PACK=0 (leave the files unpacked: ~50 MiB).
 set -euo pipefail
 
@@ -87,6 +88,25 @@ done
 # stores once (~50 MiB plain, ~7 MiB packed). run_on_gpu.sh unpacks it. SAMPLERD_CARRY_PACK=0
 # leaves the files unpacked in $CARRY instead.
 STAGE="$CARRY.stage"
+# The kernel library of the carry this one replaces, kept for tests/gpu/kernel_ab.sh --old as
+# $OLD_DIR/libsamplerd_capi_<commit>[-dirty]_<date>.so.xz (the newest three; ~8 MiB each, and
+# they travel with the carry when the device call names the folder).
+OLD_DIR="${SAMPLERD_CARRY_OLD_DIR:-$(dirname "$CARRY")/old}"
+if [[ -f "$CARRY/payload.tar.xz" && -f "$CARRY/MANIFEST.txt" ]]; then
+  old_commit="$(sed -n 's/^commit: *//p' "$CARRY/MANIFEST.txt" | cut -c1-12)"
+  old_date="$(sed -n 's/^date: *//p' "$CARRY/MANIFEST.txt" | tr -d ':-')"
+  old_dirty="$(awk '/^uncommitted changes/ {on = 1; next} /^files/ {on = 0} on {n++} END {print (n ? "-dirty" : "")}' \
+    "$CARRY/MANIFEST.txt")"
+  old_tmp="$(mktemp -d)"
+  if tar -xJf "$CARRY/payload.tar.xz" -C "$old_tmp" ./libsamplerd_capi.so 2>/dev/null; then
+    mkdir -p "$OLD_DIR"
+    old_lib="$OLD_DIR/libsamplerd_capi_${old_commit:-unknown}${old_dirty}_${old_date:-undated}.so.xz"
+    xz -T0 -c "$old_tmp/libsamplerd_capi.so" >"$old_lib"
+    log "kept the replaced carry's kernel library as $old_lib"
+    ls -t "$OLD_DIR"/libsamplerd_capi_*.so.xz | tail -n +4 | xargs -r rm -f
+  fi
+  rm -rf "$old_tmp"
+fi
 log "assembling $CARRY"
 rm -rf "$CARRY" "$STAGE"
 mkdir -p "$CARRY" "$STAGE/lib"
@@ -99,7 +119,7 @@ cp tests/bench/gpu/bench_kernels.py tests/bench/gpu/bench_processors.py tests/gp
   tests/gpu/session_common.py tests/gpu/session_checks_correctness.py \
   tests/gpu/session_checks_kill.py tests/gpu/session_checks_bench.py \
   tests/gpu/session_checks_processors.py tests/gpu/session_bench_processors.py \
-  tests/gpu/ipc_owner_kill.py \
+  tests/gpu/ipc_owner_kill.py tests/gpu/kernel_ab.sh tests/bench/gpu/profile_cases.py \
   tests/bench/engine/decode_loop.py "$CARRY/"
 chmod +x "$CARRY/run_on_gpu.sh" "$CARRY/bench_kernels.py" "$CARRY/ipc_producer.py" \
   "$CARRY/device_session_cuda.py" "$CARRY/ipc_owner_kill.py"

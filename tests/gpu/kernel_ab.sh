@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# A/B of two kernel libraries on the GPU machine, in one call: the carried build ("new", from
+# payload.tar.xz) against an older libsamplerd_capi.so ("old", kept by prepare_carry.sh in
+# .carry/old/). Runs from the folder prepare_carry.sh assembles, like run_on_gpu.sh:
+#
+#   cd .carry/gpu_run && bash kernel_ab.sh --old ../old/libsamplerd_capi_<commit>.so.xz \
+#       [--suites sampler,processors,statistics,session_kernels] [--reps 2]
+#       [--bench "ARGS"] [--procs "ARGS"] [--ncu "CASE ..."] [--ncu-kernels REGEX]
+#       [--ncu-source REGEX]
+#
+# In this order, each step optional and logged under $OUT (else ./ab_results):
+#   suites   run_on_gpu.sh --no-bench --only LIST on the new build (suites.txt)
+#   bench    bench_kernels.py --ours-only ARGS, old and new interleaved --reps times
+#            (bench_{old,new}_N.json); ab.txt: per row the medians of each and new / old
+#   procs    bench_processors.py ARGS for old, new, new (procs_{old,new,new2}.json and .txt)
+#   ncu      profile_cases.py CASE ... under Nsight Compute on the new build (SpeedOfLight,
+#            LaunchStats, InstructionStats): ncu.txt, the duration, instructions and registers
+#            of each profiled kernel; with --ncu-source, source.csv.xz, the executed instructions
+#            of every SASS line of the kernels matching REGEX (for a per-line diff)
+# Each step has its own time limit, and the report is exported in small pieces, so that what
+# ran comes back even when a later step runs out of time. Prints a summary last.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+usage() {
+  sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+OLD=""
+SUITES=""
+REPS=2
+BENCH_ARGS=""
+PROCS_ARGS=""
+NCU_CASES=""
+NCU_KERNELS="ChunkPass|RowFinish|Greedy|MassDraw"
+NCU_SOURCE=""
+while (($#)); do
+  case "$1" in
+    --old) OLD="$(realpath -m -- "${2-}")"; shift ;;
+    --suites) SUITES="${2-}"; shift ;;
+    --reps) REPS="${2-}"; shift ;;
+    --bench) BENCH_ARGS="${2-}"; shift ;;
+    --procs) PROCS_ARGS="${2-}"; shift ;;
+    --ncu) NCU_CASES="${2-}"; shift ;;
+    --ncu-kernels) NCU_KERNELS="${2-}"; shift ;;
+    --ncu-source) NCU_SOURCE="${2-}"; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "kernel_ab.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || { echo "kernel_ab.sh: --reps: expected a count >= 1, got '$REPS'" >&2; exit 2; }
+if [[ -n "$BENCH_ARGS$PROCS_ARGS" && -z "$OLD" ]]; then
+  echo "kernel_ab.sh: --bench and --procs compare against --old LIB; none given" >&2
+  exit 2
+fi
+
+cd "$HERE" || exit 2
+RESULTS="${OUT:-$HERE/ab_results}"
+mkdir -p "$RESULTS"
+WORK="$(mktemp -d /tmp/kernel_ab.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+SUMMARY=()
+note() { SUMMARY+=("$*"); echo "kernel_ab.sh: $*"; }
+
+# The two libraries.
+mkdir -p "$WORK/new" "$WORK/old"
+tar -xJf "$HERE/payload.tar.xz" -C "$WORK/new" ./libsamplerd_capi.so ||
+  { echo "kernel_ab.sh: no libsamplerd_capi.so in payload.tar.xz" >&2; exit 2; }
+if [[ -n "$OLD" ]]; then
+  case "$OLD" in
+    *.xz) xz -dc "$OLD" >"$WORK/old/libsamplerd_capi.so" ;;
+    *) cp "$OLD" "$WORK/old/libsamplerd_capi.so" ;;
+  esac || { echo "kernel_ab.sh: cannot read --old $OLD" >&2; exit 2; }
+fi
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+if [[ -n "$SUITES" ]]; then
+  mkdir -p "$WORK/suites"
+  OUT="$WORK/suites" timeout 330 bash "$HERE/run_on_gpu.sh" --no-bench --only "$SUITES" \
+    --deadline 320 >"$RESULTS/suites.txt" 2>&1
+  note "suites ($SUITES): rc=$? ($(grep -c ' PASS ' "$RESULTS/suites.txt") PASS," \
+    "$(grep -c ' FAIL ' "$RESULTS/suites.txt") FAIL lines)"
+fi
+
+if [[ -n "$BENCH_ARGS" ]]; then
+  read -r -a bench_argv <<<"$BENCH_ARGS"
+  for ((rep = 1; rep <= REPS; ++rep)); do
+    for side in old new; do
+      timeout 150 python3 "$HERE/bench_kernels.py" --ours-only --lib "$WORK/$side/libsamplerd_capi.so" \
+        "${bench_argv[@]}" --json "$RESULTS/bench_${side}_$rep.json" \
+        >"$RESULTS/bench_${side}_$rep.txt" 2>&1 || note "bench $side $rep: rc=$?"
+    done
+  done
+  python3 - "$RESULTS" <<'PY' | tee "$RESULTS/ab.txt"
+import glob, json, os, statistics, sys
+results = sys.argv[1]
+rows = {}
+for path in sorted(glob.glob(os.path.join(results, "bench_*_*.json"))):
+    side = os.path.basename(path).split("_")[1]
+    for r in json.load(open(path))["rows"]:
+        key = (r["setting"], r["dtype"], r["dist"], r["batch"], r["vocab"])
+        rows.setdefault(key, {}).setdefault(side, []).append(r["ours_us"])
+print(f"{'setting':<20} {'dtype':<5} {'dist':<7} {'B':>4} {'V':>7} {'old us':>8} {'new us':>8} {'new/old':>8}")
+for key, sides in sorted(rows.items()):
+    if "old" not in sides or "new" not in sides:
+        continue
+    old, new = statistics.median(sides["old"]), statistics.median(sides["new"])
+    print(f"{key[0]:<20} {key[1]:<5} {key[2]:<7} {key[3]:>4} {key[4]:>7} {old:>8.1f} {new:>8.1f} "
+          f"{new / old:>8.3f}")
+PY
+  note "bench: ab.txt (medians of $REPS runs a side)"
+fi
+
+if [[ -n "$PROCS_ARGS" ]]; then
+  read -r -a procs_argv <<<"$PROCS_ARGS"
+  for side in old new new2; do
+    timeout 150 python3 "$HERE/bench_processors.py" --lib "$WORK/${side%2}/libsamplerd_capi.so" \
+      "${procs_argv[@]}" --json "$RESULTS/procs_$side.json" >"$RESULTS/procs_$side.txt" 2>&1 ||
+      note "procs $side: rc=$?"
+  done
+  note "procs: procs_{old,new,new2}.txt"
+fi
+
+if [[ -n "$NCU_CASES" ]]; then
+  NCU="$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)"
+  if [[ -z "$NCU" ]]; then
+    note "ncu: not found"
+  else
+    read -r -a cases <<<"$NCU_CASES"
+    timeout 200 "$NCU" -f --profile-from-start off --clock-control none -k "regex:$NCU_KERNELS" \
+      --section SpeedOfLight --section LaunchStats --section InstructionStats \
+      -o "$WORK/prof" python3 "$HERE/profile_cases.py" --lib "$WORK/new/libsamplerd_capi.so" \
+      "${cases[@]}" >"$RESULTS/ncu_log.txt" 2>&1
+    note "ncu: rc=$?"
+    timeout 60 "$NCU" -i "$WORK/prof.ncu-rep" --page details --csv 2>/dev/null |
+      grep -E '"(Duration|Executed Instructions|Registers Per Thread)"' |
+      awk -F'","' '{print $1 "\t" $5 "\t" $13 "\t" $15}' | tr -d '"' >"$RESULTS/ncu.txt"
+    if [[ -n "$NCU_SOURCE" ]]; then
+      timeout 120 "$NCU" -i "$WORK/prof.ncu-rep" --page source --csv --print-source sass \
+        -k "regex:$NCU_SOURCE" 2>/dev/null | xz -T0 >"$RESULTS/source.csv.xz"
+      note "ncu source ($NCU_SOURCE): rc=$?"
+    fi
+  fi
+fi
+
+echo
+echo "==== kernel_ab.sh summary (results in $RESULTS) ===="
+for line in "${SUMMARY[@]}"; do echo "  $line"; done
+[[ -f "$RESULTS/ab.txt" ]] && cat "$RESULTS/ab.txt"
+[[ -f "$RESULTS/ncu.txt" ]] && cat "$RESULTS/ncu.txt"
+exit 0
