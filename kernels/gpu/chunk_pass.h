@@ -38,10 +38,13 @@ __device__ __forceinline__ int64_t ItemIndex(int64_t begin, int i) {
 
 // Pass 1 is budgeted at ~10-20 instructions per token: at 4.4 TB/s the SMs issue ~30 per
 // fp32 token, and v2 (70+) was compute-bound at 4x the floor (NOTES.md).
-// kProcs: the launch has logits processors. Launches without them run a copy with none of their
-// code (it cost up to 29% at B = 1 as a runtime branch: NOTES.md v9).
-template <DType kDType, bool kProcs>
+// kKind: the launch's logits processors (row_processors.h). Launches without them run a copy with
+// none of their code (it cost up to 29% at B = 1 as a runtime branch: NOTES.md v9), launches with
+// a bitmask alone one without the bias and penalties (v27).
+template <DType kDType, ProcsKind kKind>
 __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassParams p) {
+  constexpr bool kProcs = kKind != ProcsKind::kNone;
+  constexpr bool kMarks = kKind == ProcsKind::kAll;  // bias or penalties
   GridLaunchDependents();  // RowFinishKernel may start its prologue (and fetch its code) now
   using Reduce = BlockReduce<kChunkThreads>;
   __shared__ typename Reduce::Storage reduce;
@@ -94,11 +97,13 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   // `allowed(i)` as a predicate (v20, v24).
   RowProcessors::GroupBits proc_bits{~0u, 0u};
   if constexpr (kProcs) {
-    proc_bits = p.rows.procs.LoadBits<kItemsPerThread / 4>(
+    proc_bits = p.rows.procs.LoadBits<kItemsPerThread / 4, kMarks>(
         row, ItemIndex(begin, 0), [](int g) { return g * kChunkThreads * 4; }, end);
+    if constexpr (kMarks) {
 #pragma unroll
-    for (int g = 0; g < kItemsPerThread / 4; ++g) {
-      p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, &x[g * 4]);
+      for (int g = 0; g < kItemsPerThread / 4; ++g) {
+        p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, &x[g * 4]);
+      }
     }
   }
   auto allowed = [&](int i) { return !kProcs || RowProcessors::Allowed(proc_bits, i); };
@@ -110,12 +115,14 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   // Group g of this thread again (from L1), processed.
   auto load_group = [&](int g, float* v) {
     load_raw(g, v);
-    if constexpr (kProcs) p.rows.procs.ApplyBits(row, ItemIndex(begin, g * 4), proc_bits, g, v);
+    if constexpr (kProcs) {
+      p.rows.procs.ApplyBits<kMarks>(row, ItemIndex(begin, g * 4), proc_bits, g, v);
+    }
   };
   // The same with the bias and penalties only: for loops that test group_allow(g).
   auto load_adjusted = [&](int g, float* v) {
     load_raw(g, v);
-    if constexpr (kProcs) {
+    if constexpr (kMarks) {
       p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, v);
     }
   };

@@ -92,7 +92,7 @@ struct MassDrawShared {
 // as a loop that is not unrolled. At small batches a kernel's time is mostly instruction fetch
 // from a cold cache (ncu: 64% of pass 1's stall samples at B = 1 were "no instruction"), so
 // compact code matters more there than unrolled arithmetic (NOTES.md v8).
-template <DType kDType, int kThreads, bool kProcs>
+template <DType kDType, int kThreads, ProcsKind kKind>
 __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, const void* row_ptr,
                               const RowProcessors& procs, int64_t vocab,
                               const ChunkStats* row_stats, int64_t row, int chunk, int chunks,
@@ -123,12 +123,13 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
 #pragma unroll
     for (int g = 0; g < kGroups; ++g)
       LoadGroup<kDType>(row_ptr, begin + local_at(g), end, &v[g * 4]);
-    if (kProcs && procs.active()) {  // the logits processors, once every load is in flight
-      const RowProcessors::GroupBits bits = procs.LoadBits<kGroups>(
+    if constexpr (kKind != ProcsKind::kNone) {  // the processors, once every load is in flight
+      constexpr bool kMarks = kKind == ProcsKind::kAll;
+      const RowProcessors::GroupBits bits = procs.LoadBits<kGroups, kMarks>(
           row, begin + local_at(0), [](int g) { return g * kThreads * 4; }, end);
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
-        procs.ApplyBits(row, begin + local_at(g), bits, g, &v[g * 4]);
+        procs.ApplyBits<kMarks>(row, begin + local_at(g), bits, g, &v[g * 4]);
       }
     }
 #pragma unroll
@@ -245,7 +246,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
 
 // Launch: grid (chunks, batch), kMassDrawThreads threads, after RowFinishKernel made the plans.
 // Blocks of rows that are not on a two-pass plan leave at once.
-template <DType kDType, bool kProcs>
+template <DType kDType, ProcsKind kKind>
 __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawParams p) {
   __shared__ MassDrawShared sh;
   __shared__ typename BlockReduce<kMassDrawThreads>::Storage reduce;
@@ -258,7 +259,7 @@ __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawPa
   const MassPlan plan = p.mass.plan[row];
   if (plan.path != MassPath::kTwoPass) return;
   const void* row_ptr = p.rows.Row<kDType>(row);
-  MassDrawChunk<kDType, kMassDrawThreads, kProcs>(
+  MassDrawChunk<kDType, kMassDrawThreads, kKind>(
       p.mass, plan, row_ptr, p.rows.procs, p.rows.vocab, p.stats + row * p.rows.chunks, row,
       static_cast<int>(blockIdx.x), p.rows.chunks, params, sh, reduce, p.token_ids, p.status);
 }

@@ -27,6 +27,12 @@
 
 namespace samplerd::kernels::gpu {
 
+// Which processors a launch has, for the kernels compiled per kind: launches without any run a
+// copy with none of their code, and launches with a bitmask alone (the structured-output case) a
+// copy without the bias and penalties' per-group mark tests (v27: those tests and the registers
+// their code held cost a masked top-k pass ~8% at B = 128).
+enum class ProcsKind : uint8_t { kNone, kMask, kAll };
+
 struct RowProcessors {
   const uint32_t* allowed;     // [batch, words]: the allowed-token bitmask, or null
   uint32_t* marked;            // [batch, words]: bit set where the token has an adjust, or null
@@ -36,6 +42,10 @@ struct RowProcessors {
   int64_t words;               // per row: ceil(vocab / 32)
 
   __host__ __device__ bool active() const { return allowed != nullptr || marked != nullptr; }
+  __host__ __device__ ProcsKind kind() const {
+    return marked != nullptr ? ProcsKind::kAll
+                             : (allowed != nullptr ? ProcsKind::kMask : ProcsKind::kNone);
+  }
 
   // Token j of `row`: x after the processors.
   __device__ float Apply(int64_t row, int64_t j, float x) const {
@@ -67,7 +77,8 @@ struct RowProcessors {
     uint32_t allow;
     uint32_t mark;
   };
-  template <int kGroups, class Off>
+  // kMarks false: the launch has no marks (ProcsKind::kMask); GroupBits::mark is 0.
+  template <int kGroups, bool kMarks = true, class Off>
   __device__ __forceinline__ GroupBits LoadBits(int64_t row, int64_t j0, Off off,
                                                 int64_t end) const {
     static_assert(kGroups <= 8, "4 bits a group in 32");
@@ -84,7 +95,7 @@ struct RowProcessors {
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) allow_word[g] = allowed[w0 + (off(g) >> 5)];
       }
-      if (marked != nullptr) {
+      if (kMarks && marked != nullptr) {
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) mark_word[g] = marked[w0 + (off(g) >> 5)];
       }
@@ -96,7 +107,7 @@ struct RowProcessors {
           bits.allow |= ((allow_word[g] >> (shift0 + (off(g) & 31))) & 0xfu) << (4 * g);
         }
       }
-      if (marked != nullptr) {
+      if (kMarks && marked != nullptr) {
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
           bits.mark |= ((mark_word[g] >> (shift0 + (off(g) & 31))) & 0xfu) << (4 * g);
@@ -109,7 +120,7 @@ struct RowProcessors {
       const int64_t j = j0 + off(g);
       const int64_t w = row_word + (j < end ? j >> 5 : 0);
       allow_word[g] = allowed != nullptr ? allowed[w] : ~0u;
-      mark_word[g] = marked != nullptr ? marked[w] : 0u;
+      mark_word[g] = kMarks && marked != nullptr ? marked[w] : 0u;
     }
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
@@ -122,10 +133,11 @@ struct RowProcessors {
   }
 
   // The processors on group g of LoadBits (the 4 tokens at j; those past the row's end hold
-  // -inf and stay so).
+  // -inf and stay so). kMarks false: the bitmask alone (ProcsKind::kMask).
+  template <bool kMarks = true>
   __device__ __forceinline__ void ApplyBits(int64_t row, int64_t j, const GroupBits& bits, int g,
                                             float* v) const {
-    ApplyAdjusts(row, j, bits, g, v);
+    if constexpr (kMarks) ApplyAdjusts(row, j, bits, g, v);
     ApplyAllowed(bits, g, v);
   }
 

@@ -440,6 +440,16 @@ void LaunchDependent(void (*kernel)(Params), dim3 grid, int threads, hipStream_t
   kernel<<<grid, threads, 0, stream>>>(params);
 }
 
+// Pass 1, the finish and (for top-p rows on the mass path) pass 2, compiled for the launch's
+// kind of logits processors.
+template <DType kDType, ProcsKind kKind>
+void LaunchPasses(dim3 grid, const ChunkPassParams& chunk, const RowFinishParams& finish,
+                  const MassDrawParams& draw, hipStream_t stream) {
+  ChunkPassKernel<kDType, kKind><<<grid, kChunkThreads, 0, stream>>>(chunk);
+  LaunchDependent(RowFinishKernel<kDType>, dim3(grid.y), kFinishThreads, stream, finish);
+  if (draw.mass.enabled) MassDrawKernel<kDType, kKind><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+}
+
 template <DType kDType>
 int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinishParams& finish,
            const MassDrawParams& draw, const GreedyParams* greedy, hipStream_t stream) {
@@ -453,17 +463,16 @@ int Launch(const SampleArgs& args, const ChunkPassParams& chunk, const RowFinish
                ? LaunchGreedySpans<kDType, 1>(args, *greedy, stream)
                : LaunchGreedySpans<kDType, 4>(args, *greedy, stream);
   }
-  if (chunk.rows.procs.active()) {
-    ChunkPassKernel<kDType, true><<<grid, kChunkThreads, 0, stream>>>(chunk);
-  } else {
-    ChunkPassKernel<kDType, false><<<grid, kChunkThreads, 0, stream>>>(chunk);
-  }
-  LaunchDependent(RowFinishKernel<kDType>, dim3(static_cast<unsigned>(args.batch)), kFinishThreads,
-                  stream, finish);
-  if (draw.mass.enabled && chunk.rows.procs.active()) {
-    MassDrawKernel<kDType, true><<<grid, kMassDrawThreads, 0, stream>>>(draw);
-  } else if (draw.mass.enabled) {
-    MassDrawKernel<kDType, false><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+  switch (chunk.rows.procs.kind()) {
+    case ProcsKind::kNone:
+      LaunchPasses<kDType, ProcsKind::kNone>(grid, chunk, finish, draw, stream);
+      break;
+    case ProcsKind::kMask:
+      LaunchPasses<kDType, ProcsKind::kMask>(grid, chunk, finish, draw, stream);
+      break;
+    case ProcsKind::kAll:
+      LaunchPasses<kDType, ProcsKind::kAll>(grid, chunk, finish, draw, stream);
+      break;
   }
   return static_cast<int>(hipGetLastError());
 }
