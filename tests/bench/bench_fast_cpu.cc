@@ -4,7 +4,9 @@
 // 0 top-k 50 + top-p 0.9 at T 0.8, 1 top-p 0.95, 2 top-k 50, 3 greedy, 4 temperature 0.8.
 // Distributions (arg D): 0 randn * 3; 1 flat, N(0, 0.05) (a random-weight model: top-p keeps
 // most of the row); 2 Zipf-like, x = -1.1 * ln(rank) over a random permutation of ranks (a
-// peaked, heavy-tailed row like a trained model's).
+// peaked, heavy-tailed row like a trained model's); 3 engine-like, N(0, 0.6) rounded to bf16
+// (tests/bench/engine/decode_loop.py's random-weight model: bf16 logits handed over as fp32,
+// so many tokens tie).
 // BM_Oracle runs CpuSampleRows over the rows with `threads` std::threads (rows split evenly, as
 // the server's pool would); BM_Fast runs FastCpuSampler::Sample with `threads` threads (the
 // caller included; workers spin between iterations, as in a busy session). Per-iteration time
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
@@ -30,6 +33,17 @@ namespace samplerd::kernels {
 namespace {
 
 constexpr int64_t kVocab = 151936;
+
+// x rounded to the nearest bf16 (ties to even), as an fp32 value: the logits of an engine whose
+// model computes in bf16 and hands over fp32 (`logits.float()`), many of them tied.
+float RoundToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  bits &= 0xffff0000u;
+  std::memcpy(&x, &bits, sizeof(bits));
+  return x;
+}
 
 std::vector<float> RandomLogits(int64_t batch, int64_t vocab, int64_t distribution, uint32_t seed) {
   std::vector<float> logits(static_cast<size_t>(batch * vocab));
@@ -46,8 +60,11 @@ std::vector<float> RandomLogits(int64_t batch, int64_t vocab, int64_t distributi
     }
     return logits;
   }
-  const float sigma = distribution == 1 ? 0.05f : 3.0f;
+  const float sigma = distribution == 1 ? 0.05f : distribution == 3 ? 0.6f : 3.0f;
   for (float& x : logits) x = sigma * normal(rng);
+  if (distribution == 3) {
+    for (float& x : logits) x = RoundToBf16(x);
+  }
   return logits;
 }
 
@@ -168,10 +185,14 @@ void BM_FastTemperature(benchmark::State& state) {
 
 void Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"B", "S", "threads", "D"});
-  for (int64_t d : {0, 1, 2}) {
+  for (int64_t d : {0, 1, 2, 3}) {
     for (int64_t batch : {1, 4, 32}) {
       for (int64_t s : {0, 1, 2, 3, 4}) {
         for (int64_t threads : {1, 2, 8}) b->Args({batch, s, threads, d});
+        // More threads at B = 1, where the host plane serves (issue 10: is 8 the best default?).
+        if (batch == 1) {
+          for (int64_t threads : {12, 15}) b->Args({batch, s, threads, d});
+        }
       }
     }
   }

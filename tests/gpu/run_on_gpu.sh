@@ -45,6 +45,8 @@
 #   servers_stop          SIGTERM both servers; each must exit 0
 #   bench                 bench_kernels.py: ours vs PyTorch (--json/--markdown into $RESULTS)
 #
+# SAMPLERD_GPU_SERVER_FLAGS (environment): more flags for the GPU server, e.g.
+# "--host_plane_threads=12".
 # $RESULTS is $OUT when set, else ./results. Exit status: 0 when every step passed, else 1.
 set -uo pipefail
 
@@ -273,8 +275,11 @@ if selected server || selected example || selected ipc || selected pyclient ||
   gpu_flag=()
   smi_bus="$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0 2>/dev/null | head -n 1)"
   [[ -n "$smi_bus" ]] && gpu_flag=("--gpu=$smi_bus")
+  # SAMPLERD_GPU_SERVER_FLAGS: more flags for the GPU server (say --host_plane_threads=12).
+  extra_flags=()
+  read -r -a extra_flags <<<"${SAMPLERD_GPU_SERVER_FLAGS:-}"
   "${GRPC_ENV[@]}" "$BIN/samplerd" --backend=gpu "${gpu_flag[@]}" "--listen=$GPU_TARGET" --grace_period=10s \
-    >"$RESULTS/server_gpu.log" 2>&1 &
+    "${extra_flags[@]}" >"$RESULTS/server_gpu.log" 2>&1 &
   GPU_PID=$!
   "${GRPC_ENV[@]}" "$BIN/samplerd" --backend=cpu "--listen=$CPU_TARGET" --grace_period=10s \
     >"$RESULTS/server_cpu.log" 2>&1 &

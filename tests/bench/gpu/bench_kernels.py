@@ -19,7 +19,7 @@ import time
 
 import torch
 
-DISTS = ["randn3", "peaked", "flat", "zipf"]
+DISTS = ["randn3", "peaked", "flat", "zipf", "engine"]  # "engine": only when asked (--dists)
 DTYPES = {"fp32": (torch.float32, 0), "bf16": (torch.bfloat16, 2)}
 # name: (temperature, top_k, top_p); 0 = disabled.
 SETTINGS = {
@@ -171,6 +171,11 @@ def make_logits(batch, vocab, dtype, dist, gen):
         # of the mass in the top 300), ranks shuffled over the vocabulary, plus N(0, 0.1).
         ranks = torch.argsort(torch.rand(batch, vocab, device="cuda", generator=gen), dim=1)
         x = -1.5 * torch.log1p(ranks.float()) + 0.1 * x
+    elif dist == "engine":
+        # The decode loop's random-weight model (tests/bench/engine/decode_loop.py): N(0, 0.6)
+        # computed in bf16 and handed over as fp32, so many tokens tie and top-p 0.95 keeps most
+        # of the row.
+        x = (0.6 * x).to(torch.bfloat16).float()
     else:
         raise ValueError(f"unknown distribution {dist}")
     return x.to(dtype).contiguous()
