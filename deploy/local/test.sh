@@ -30,14 +30,14 @@ step_ctest() {
 
 step_buf-lint() { "${SAMPLERD_BUF}" lint && echo "buf lint: clean"; }
 
-# Every source is kept formatted: C++ and HIP by clang-format (.clang-format), Go by gofmt, the
+# Every source is kept formatted: C++, CUDA and HIP by clang-format (.clang-format), Go by gofmt, the
 # proto by `buf format`. Checks the files git tracks, and new ones it does not ignore (generated
 # code is ignored); prints each file that is not formatted and the command that fixes it.
 step_format() {
   local rc=0 out
   local -a files bad
 
-  mapfile -t files < <(source_files '*.h' '*.cc' '*.cpp' '*.hip' '*.cuh')
+  mapfile -t files < <(source_files '*.h' '*.cc' '*.cpp' '*.hip' '*.cuh' '*.cu')
   # One clang-format for all of them (~2 s); with --Werror it reports every file, then fails.
   if out="$(clang-format --dry-run --Werror "${files[@]}" </dev/null 2>&1)"; then
     echo "clang-format: ${#files[@]} C++/HIP files clean"
