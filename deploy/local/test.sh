@@ -30,8 +30,8 @@ step_ctest() {
 
 step_buf-lint() { "${SAMPLERD_BUF}" lint && echo "buf lint: clean"; }
 
-# Every source is kept formatted: C++, CUDA and HIP by clang-format (.clang-format), Go by gofmt, the
-# proto by `buf format`. Checks the files git tracks, and new ones it does not ignore (generated
+# Every source is kept formatted: C++, CUDA and HIP by clang-format (.clang-format), Go by gofmt,
+# the proto by `buf format`. Checks the files git tracks, and new ones it does not ignore (generated
 # code is ignored); prints each file that is not formatted and the command that fixes it.
 step_format() {
   local rc=0 out
