@@ -92,6 +92,39 @@ struct MassDrawShared {
 // as a loop that is not unrolled. At small batches a kernel's time is mostly instruction fetch
 // from a cold cache (ncu: 64% of pass 1's stall samples at B = 1 were "no instruction"), so
 // compact code matters more there than unrolled arithmetic (NOTES.md v8).
+// The kept tokens of a dense chunk (a random-weight model's rows keep ~85% of their tokens at
+// p = 0.95, flat rows all of them), drawn by their own threads: every lane is busy without
+// MassDrawChunk's queue, and one Philox block serves a group of 4 (the queue computes a whole
+// block for each token: 4x the Philox work where groups are full; v28). The same scores and
+// MayBeat skips as the queue, so the same token. Not inlined: inlined (v28a), B = 1 rows got
+// 2-5% slower; either way sparse rows pay 1.5-3% for it (kernels/gpu/NOTES.md v28).
+template <int kThreads>
+__device__ __noinline__ ArgMaxPair DrawDenseGroups(const float* chunk, uint32_t kept_groups,
+                                                   int64_t begin, float kept_from,
+                                                   bool unit_temperature, const RowParams& params,
+                                                   float floor_score) {
+  const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
+  ArgMaxPair best{-kInfF, INT64_MAX};
+#pragma unroll 1
+  for (uint32_t groups = kept_groups; groups != 0; groups &= groups - 1) {
+    const int first = ((__ffs(groups) - 1) * kThreads + static_cast<int>(threadIdx.x)) * 4;
+    const float4 x4 = *reinterpret_cast<const float4*>(&chunk[first]);
+    const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+    const int64_t j0 = begin + first;  // a multiple of 4: the group is one Philox block
+    const PhiloxCounter bits = Philox4x32x10(PhiloxCounterFor(params.position, j0), key);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!(x[e] >= kept_from)) continue;
+      const float z = unit_temperature ? x[e] : x[e] / params.temperature;
+      const float u = UniformFromBits(bits.word[e]);
+      if (!MayBeat(z, u, fmaxf(floor_score, best.value))) continue;
+      const ArgMaxPair scored{z + GumbelFromUniform(u), j0 + e};
+      if (Better(scored, best)) best = scored;
+    }
+  }
+  return best;
+}
+
 template <DType kDType, int kThreads, ProcsKind kKind>
 __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, const void* row_ptr,
                               const RowProcessors& procs, int64_t vocab,
@@ -172,7 +205,17 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
       }
     }
   }
-  for (uint32_t round = 0; round < total_kept; round += kKeptQueue) {
+  // A dense chunk (a random-weight model's rows keep ~85% of their tokens at p = 0.95, flat rows
+  // all of them) has every lane busy without the queue: each thread draws its own groups, one
+  // Philox block a group of 4 (the queue computes a whole block for each token, 4x the Philox
+  // work where groups are full; v28). The same scores and the same MayBeat skips, so the same
+  // token.
+  const bool dense = total_kept >= static_cast<uint64_t>(kChunk / 2);
+  if (dense) {
+    best = DrawDenseGroups<kThreads>(sh.chunk, kept_groups, begin, kept_from, unit_temperature,
+                                     params, floor_score);
+  }
+  for (uint32_t round = 0; !dense && round < total_kept; round += kKeptQueue) {
     uint32_t at = first_kept;
     if (at < round + kKeptQueue && at + kept_tokens > round) {
 #pragma unroll 1
