@@ -17,16 +17,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "probe_check.h"
 
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    const cudaError_t err_ = (call);                                                              \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s failed: %s (line %d)\n", #call, cudaGetErrorName(err_), __LINE__); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+namespace {
 
 constexpr int kNodes = 500;
 constexpr int kReps = 21;

@@ -18,16 +18,9 @@
 #include <cstdlib>
 #include <vector>
 
-namespace {
+#include "probe_check.h"
 
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    const cudaError_t err_ = (call);                                                              \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s failed: %s (line %d)\n", #call, cudaGetErrorName(err_), __LINE__); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+namespace {
 
 // Follows `loads` links from next[start] and writes the elapsed clock64 cycles; the final index
 // goes to *sink so that the chain cannot be optimised away.
@@ -67,6 +60,20 @@ __global__ void ClockRate(long long cycles, unsigned long long* ns) {
   *ns = g1 - g0;
 }
 
+// 0 .. n-1 in a random order (xorshift64 Fisher-Yates): the order of a chase's links, so that
+// no prefetcher helps.
+std::vector<size_t> Shuffled(size_t n, uint64_t state) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  for (size_t i = n - 1; i > 0; --i) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    std::swap(order[i], order[state % (i + 1)]);
+  }
+  return order;
+}
+
 // Follows `warm` links (to fill the caches with the chain), then times `loads` more.
 __global__ void ChaseWarm(const uint64_t* next, int warm, int loads, long long* cycles,
                           uint64_t* sink) {
@@ -87,15 +94,7 @@ void L2Sweep(int clock_khz, long long* cycles, uint64_t* sink) {
     const size_t bytes = static_cast<size_t>(mb) << 20;
     const size_t step = 128 / sizeof(uint64_t);
     const size_t links = bytes / 128;
-    std::vector<size_t> order(links);
-    for (size_t i = 0; i < links; ++i) order[i] = i;
-    uint64_t state = 0x9E3779B97F4A7C15ull;
-    for (size_t i = links - 1; i > 0; --i) {
-      state ^= state << 13;
-      state ^= state >> 7;
-      state ^= state << 17;
-      std::swap(order[i], order[state % (i + 1)]);
-    }
+    const std::vector<size_t> order = Shuffled(links, 0x9E3779B97F4A7C15ull);
     std::vector<uint64_t> host(bytes / sizeof(uint64_t), 0);
     for (size_t i = 0; i < links; ++i) host[order[i] * step] = order[(i + 1) % links] * step;
     uint64_t* next = nullptr;
@@ -178,15 +177,7 @@ int main() {
     const size_t step = c.stride / sizeof(uint64_t);
     const size_t links = std::max<size_t>(1, slots / step);
     // A random cycle over the links (so no prefetcher helps), each link `step` slots apart.
-    std::vector<size_t> order(links);
-    for (size_t i = 0; i < links; ++i) order[i] = i;
-    uint64_t state = 88172645463325252ull;
-    for (size_t i = links - 1; i > 0; --i) {
-      state ^= state << 13;
-      state ^= state >> 7;
-      state ^= state << 17;
-      std::swap(order[i], order[state % (i + 1)]);
-    }
+    const std::vector<size_t> order = Shuffled(links, 88172645463325252ull);
     uint64_t* next = nullptr;
     CHECK(cudaMalloc(&next, c.bytes));
     // Only the link slots are written: a host vector of the whole working set would be 8 GB.
