@@ -18,7 +18,8 @@
 #            of each profiled kernel; with --ncu-source, source.csv.xz, the executed instructions
 #            of every SASS line of the kernels matching REGEX (for a per-line diff)
 # Each step has its own time limit, and the report is exported in small pieces, so that what
-# ran comes back even when a later step runs out of time. Prints a summary last.
+# ran comes back even when a later step runs out of time. Packs every result into
+# 00_kernel_ab.tar.xz (the device tool returns 8 files at most) and prints a summary last.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -144,6 +145,11 @@ if [[ -n "$NCU_CASES" ]]; then
     fi
   fi
 fi
+
+# Everything in one archive too, named to sort first: the device tool brings back at most 8 files
+# (session 17 lost the processors tables and the ncu source counts to that limit).
+tar -cJf "$RESULTS/00_kernel_ab.tar.xz" -C "$RESULTS" --exclude 00_kernel_ab.tar.xz . 2>/dev/null &&
+  note "all results: $RESULTS/00_kernel_ab.tar.xz"
 
 echo
 echo "==== kernel_ab.sh summary (results in $RESULTS) ===="
