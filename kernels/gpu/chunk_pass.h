@@ -198,7 +198,15 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     pinf_x = __popc(inf_bits & allow_items);
     finite_x = __popc(finite_bits & allow_items);
   };
-  classify_x();            // every row; the statistics of z follow from those of x
+  classify_x();  // every row; the statistics of z follow from those of x
+  // Top-p rows: the smallest allowed x above -inf, to spot a chunk whose tokens share one bin.
+  float low_x = kInfF;
+  if (mass) {
+#pragma unroll
+    for (int i = 0; i < kItemsPerThread; ++i) {
+      if (allowed(i) && x[i] > -kInfF) low_x = fminf(low_x, x[i]);
+    }
+  }
   if (unit_temperature) {  // z = x (v13)
     pinf_z = pinf_x;
     max_z = best_x;
@@ -210,7 +218,14 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     if (max_z == kInfF) classify_inf_z();
   }
   const float thread_max_z = max_z;
-  if (!greedy) max_z = Reduce::Max(reduce, max_z);
+  // Top-p rows: also the chunk's smallest z above -inf (z = x / T is monotone in x), unless it
+  // underflowed to -inf, to spot a chunk whose tokens share one bin.
+  float low_z = mass ? temper(low_x) : kInfF;
+  if (mass) {
+    Reduce::MaxAndMin(reduce, &max_z, &low_z);
+  } else if (!greedy) {
+    max_z = Reduce::Max(reduce, max_z);
+  }
   // Top-p rows on the mass path: the chunk's mass histogram (mass_plan.h), re-read from L1 in
   // a loop that is not unrolled (kept in registers across the reduction above, x[] spilled).
   // A chunk whose max is out of the histogram's range makes none; the plan never reads it (or
@@ -219,20 +234,41 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   float min_z = kInfF;  // of the finite z: the plan spots rows whose tokens are all tied
   if (histogram) {
     const float top = floorf(max_z * kMassBinsPerLogit);
+    if (low_z > -kInfF && floorf(low_z * kMassBinsPerLogit) == top) {
+      // Every token in the top bin (flat rows): summed over the block, no atomics (v29).
+      uint64_t packed = 0;  // count << 48 | mass
 #pragma unroll 1
-    for (int g = 0; g < kItemsPerThread / 4; ++g) {
-      float v[4];
-      load_adjusted(g, v);
-      const uint32_t allow = group_allow(g);
+      for (int g = 0; g < kItemsPerThread / 4; ++g) {
+        float v[4];
+        load_adjusted(g, v);
+        const uint32_t allow = group_allow(g);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float z = temper(v[e]);
-        if (!(allowed_in(allow, e) && z > -kInfF)) continue;
-        min_z = fminf(min_z, z);
-        AddToMassHistogram(mass_sh, z, max_z, top);
+        for (int e = 0; e < 4; ++e) {
+          const float z = temper(v[e]);
+          if (allowed_in(allow, e) && z > -kInfF) {
+            packed += (uint64_t{1} << 48) | FixedMass32(z, max_z);
+          }
+        }
       }
+      packed = Reduce::SumU64(reduce, packed);
+      if (threadIdx.x == 0) SetOneBinMassHistogram(mass_sh, packed);
+      min_z = low_z;
+    } else {
+#pragma unroll 1
+      for (int g = 0; g < kItemsPerThread / 4; ++g) {
+        float v[4];
+        load_adjusted(g, v);
+        const uint32_t allow = group_allow(g);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float z = temper(v[e]);
+          if (!(allowed_in(allow, e) && z > -kInfF)) continue;
+          min_z = fminf(min_z, z);
+          AddToMassHistogram(mass_sh, z, max_z, top);
+        }
+      }
+      min_z = Reduce::Min(reduce, min_z);
     }
-    min_z = Reduce::Min(reduce, min_z);
   }
   // Counts are at most 8192 each: pack them 16 bits apart for one reduction.
   const uint64_t counts = Reduce::SumU64(

@@ -124,10 +124,16 @@ __device__ __forceinline__ uint64_t FixedMass(float z, float row_max) {
 // smallest u) that is at least 0.06 m = 1.8e-4 below the threshold in G. That is above the
 // fp32 rounding of z + G while |best| < 1024 (6.1e-5; else the test always says true) and the
 // error of two logf and of the fast exps, so a token it drops could never have won.
-__device__ __forceinline__ bool MayBeat(float z, float u, float best) {
-  if (!(fabsf(best) < 1024.0f)) return true;  // also best = -inf: nothing seen yet
+// MayBeat(z, u, best) is u >= MayBeatThreshold(z, best). A u below the threshold of the largest
+// z of a set of tokens loses for every token of the set: the margin argument above holds at that
+// z, and a smaller z only lowers the score.
+__device__ __forceinline__ float MayBeatThreshold(float z, float best) {
+  if (!(fabsf(best) < 1024.0f)) return 0.0f;  // also best = -inf: nothing seen yet
   constexpr float kKeep = 1.0f - 0.003f;      // 1 - m
-  return u >= kKeep * __expf(-__expf(z - best));
+  return kKeep * __expf(-__expf(z - best));
+}
+__device__ __forceinline__ bool MayBeat(float z, float u, float best) {
+  return u >= MayBeatThreshold(z, best);
 }
 
 // A candidate for an argmax with the lowest index winning ties.
@@ -178,6 +184,19 @@ __device__ __forceinline__ ArgMaxPair WaveArgMax(ArgMaxPair v) {
   return v;
 }
 
+// Exclusive prefix sum of one int per lane, in lane order; *total gets the wave's sum (in every
+// lane).
+__device__ __forceinline__ int WaveExclusiveSum(int v, int* total) {
+  const int lane = static_cast<int>(threadIdx.x) % kWaveSize;
+  int inclusive = v;
+  for (int o = 1; o < kWaveSize; o <<= 1) {
+    const int up = __shfl_up(inclusive, o, kWaveSize);
+    if (lane >= o) inclusive += up;
+  }
+  *total = __shfl(inclusive, kWaveSize - 1, kWaveSize);
+  return inclusive - v;
+}
+
 // True in every thread of the block that arrives last among the `blocks` blocks counting on
 // `ticket`; its reads then see every other block's writes. Every thread must call.
 __device__ inline bool LastToArrive(uint32_t* ticket, uint32_t blocks, uint32_t* shared_ticket) {
@@ -219,6 +238,26 @@ struct BlockReduce {
   }
 
   __device__ static float Min(Storage& s, float v) { return -Max(s, -v); }
+
+  // Max of *max_v and min of *min_v over the block, with the barriers of one reduction.
+  __device__ static void MaxAndMin(Storage& s, float* max_v, float* min_v) {
+    const float a = WaveMax(*max_v);
+    const float b = -WaveMax(-*min_v);
+    if (Leader()) {
+      s.f[Wave()] = a;
+      s.d[Wave()] = b;  // a float, exactly
+    }
+    __syncthreads();
+    float max_out = s.f[0];
+    float min_out = static_cast<float>(s.d[0]);
+    for (int w = 1; w < Waves(); ++w) {
+      max_out = fmaxf(max_out, s.f[w]);
+      min_out = fminf(min_out, static_cast<float>(s.d[w]));
+    }
+    __syncthreads();
+    *max_v = max_out;
+    *min_v = min_out;
+  }
 
   __device__ static float Sum(Storage& s, float v) {
     v = WaveSum(v);

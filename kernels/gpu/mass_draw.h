@@ -13,6 +13,7 @@
 
 #include "kernels/gpu/chunk_pass.h"
 #include "kernels/gpu/chunk_stats.h"
+#include "kernels/gpu/deferred_scores.h"
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/mass_finish.h"
 #include "kernels/gpu/mass_plan.h"
@@ -74,8 +75,9 @@ struct MassDrawShared {
     SelectStorage select;
   };
   union {
-    uint16_t kept[kKeptQueue];  // chunk offsets of the kept tokens of this round
-    struct {                    // the last block's copy of the row's chunk references
+    uint16_t kept[kKeptQueue];  // chunk offsets of the kept tokens of this round (sparse chunks)
+    DeferredScores<kMassDrawThreads>::Storage scores;  // the offers of a dense chunk's draw
+    struct {  // the last block's copy of the row's chunk references
       float max[kMaxStagedChunks];
       double scale[kMaxStagedChunks];
     } ref;
@@ -96,33 +98,40 @@ struct MassDrawShared {
 // p = 0.95, flat rows all of them), drawn by their own threads: every lane is busy without
 // MassDrawChunk's queue, and one Philox block serves a group of 4 (the queue computes a whole
 // block for each token: 4x the Philox work where groups are full; v28). The same scores and
-// MayBeat skips as the queue, so the same token. Not inlined: inlined (v28a), B = 1 rows got
-// 2-5% slower; either way sparse rows pay 1.5-3% for it (kernels/gpu/NOTES.md v28).
+// MayBeat skips as the queue, so the same token; the exact scores wait for a full wave (v29).
+// Not inlined: inlined (v28a), B = 1 rows got 2-5% slower.
 template <int kThreads>
-__device__ __noinline__ ArgMaxPair DrawDenseGroups(const float* chunk, uint32_t kept_groups,
-                                                   int64_t begin, float kept_from,
-                                                   bool unit_temperature, const RowParams& params,
-                                                   float floor_score) {
+__device__ __noinline__ ArgMaxPair DrawDenseGroups(
+    typename DeferredScores<kThreads>::Storage& storage, const float* chunk, uint32_t kept_groups,
+    int64_t begin, float kept_from, const RowParams& params, float top_z, float floor_score) {
+  constexpr int kGroups = kChunk / 4 / kThreads;
+  DeferredScores<kThreads> scores(storage, chunk, begin, params.temperature, top_z, floor_score);
   const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
-  ArgMaxPair best{-kInfF, INT64_MAX};
 #pragma unroll 1
-  for (uint32_t groups = kept_groups; groups != 0; groups &= groups - 1) {
-    const int first = ((__ffs(groups) - 1) * kThreads + static_cast<int>(threadIdx.x)) * 4;
-    const float4 x4 = *reinterpret_cast<const float4*>(&chunk[first]);
-    const float x[4] = {x4.x, x4.y, x4.z, x4.w};
-    const int64_t j0 = begin + first;  // a multiple of 4: the group is one Philox block
-    const PhiloxCounter bits = Philox4x32x10(PhiloxCounterFor(params.position, j0), key);
+  for (int g = 0; g < kGroups; ++g) {  // every lane the same trips: Collect is wave-wide
+    const int first = (g * kThreads + static_cast<int>(threadIdx.x)) * 4;
+    uint32_t offers = 0;
+    int at[4];
+    float u[4];
+    if ((kept_groups >> g) & 1u) {
+      const float4 x4 = *reinterpret_cast<const float4*>(&chunk[first]);
+      const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+      // first is a multiple of 4: the group is one Philox block.
+      const PhiloxCounter bits =
+          Philox4x32x10(PhiloxCounterFor(params.position, begin + first), key);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (!(x[e] >= kept_from)) continue;
-      const float z = unit_temperature ? x[e] : x[e] / params.temperature;
-      const float u = UniformFromBits(bits.word[e]);
-      if (!MayBeat(z, u, fmaxf(floor_score, best.value))) continue;
-      const ArgMaxPair scored{z + GumbelFromUniform(u), j0 + e};
-      if (Better(scored, best)) best = scored;
+      for (int e = 0; e < 4; ++e) {
+        at[e] = first + e;
+        u[e] = UniformFromBits(bits.word[e]);
+        // The wave scores each offer with MayBeat first: testing it here would run its two exps
+        // in every wave where any lane passes UFloor, which is most of them.
+        if (u[e] >= scores.UFloor() && x[e] >= kept_from) offers |= 1u << e;
+      }
     }
+    scores.Collect(offers, at, u);
+    if (g == 0) scores.Flush();  // the floor rises early: most tokens then fail UFloor alone
   }
-  return best;
+  return scores.Finish();
 }
 
 template <DType kDType, int kThreads, ProcsKind kKind>
@@ -191,17 +200,17 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   uint64_t total_kept = 0;
   const uint32_t first_kept =
       static_cast<uint32_t>(BlockReduce<kThreads>::ExclusiveScan(reduce, kept_tokens, &total_kept));
-  ArgMaxPair best{-kInfF, INT64_MAX};
   // A floor for MayBeat from the start: the score of the chunk's largest logit, if it is kept
-  // (it is drawn again from the queue; the floor only lets others be skipped).
+  // (it is drawn again; the floor only lets others be skipped).
   float floor_score = -kInfF;
+  float top_z = kInfF;  // the chunk's largest z (+inf: not known, no token skipped on u alone)
   {
     const int64_t top = row_stats[chunk].argmax_x;
     if (top >= begin && top < end) {
       const float x = sh.chunk[top - begin];
+      top_z = z_of(x);
       if (x >= kept_from) {
-        const float z = z_of(x);
-        floor_score = z + GumbelNoise(params.seed, params.position, static_cast<uint64_t>(top));
+        floor_score = top_z + GumbelNoise(params.seed, params.position, static_cast<uint64_t>(top));
       }
     }
   }
@@ -211,9 +220,10 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   // work where groups are full; v28). The same scores and the same MayBeat skips, so the same
   // token.
   const bool dense = total_kept >= static_cast<uint64_t>(kChunk / 2);
+  ArgMaxPair best{-kInfF, INT64_MAX};
   if (dense) {
-    best = DrawDenseGroups<kThreads>(sh.chunk, kept_groups, begin, kept_from, unit_temperature,
-                                     params, floor_score);
+    best = DrawDenseGroups<kThreads>(sh.scores, sh.chunk, kept_groups, begin, kept_from, params,
+                                     top_z, floor_score);
   }
   for (uint32_t round = 0; !dense && round < total_kept; round += kKeptQueue) {
     uint32_t at = first_kept;

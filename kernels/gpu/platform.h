@@ -102,6 +102,19 @@ inline constexpr int kMinWaveSize = 32;
 // shuffles with this width stay within 32-lane segments on a 64-lane wave.
 inline constexpr int kLogicalWarp = 32;
 
+// Orders one wave's shared-memory writes before the same wave's later reads of them by other
+// lanes (NVIDIA's lanes of a warp may run apart; AMD's waves run in lockstep but the compiler
+// may reorder without a wave-scope fence).
+__device__ __forceinline__ void WaveSync() {
+#if defined(__HIPCC__)
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+  __syncwarp();
+#endif
+}
+
 // Programmatic dependent launch (NVIDIA compute capability 9.0+; no-ops elsewhere, HIP included).
 // A kernel launched with it (LaunchDependent, sample.hip) may start while the kernel before it
 // on the stream still runs, once every block of that kernel called GridLaunchDependents (or
