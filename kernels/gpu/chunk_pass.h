@@ -234,9 +234,9 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   float min_z = kInfF;  // of the finite z: the plan spots rows whose tokens are all tied
   if (histogram) {
     const float top = floorf(max_z * kMassBinsPerLogit);
-    if (low_z > -kInfF && floorf(low_z * kMassBinsPerLogit) == top) {
-      // Every token in the top bin (flat rows): summed over the block, no atomics (v29).
-      uint64_t packed = 0;  // count << 48 | mass
+    // f(z) for each allowed token whose z is above -inf, re-read from L1 in a loop that is not
+    // unrolled.
+    auto for_each_z = [&](auto&& f) {
 #pragma unroll 1
       for (int g = 0; g < kItemsPerThread / 4; ++g) {
         float v[4];
@@ -245,28 +245,22 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float z = temper(v[e]);
-          if (allowed_in(allow, e) && z > -kInfF) {
-            packed += (uint64_t{1} << 48) | FixedMass32(z, max_z);
-          }
+          if (allowed_in(allow, e) && z > -kInfF) f(z);
         }
       }
+    };
+    if (low_z > -kInfF && floorf(low_z * kMassBinsPerLogit) == top) {
+      // Every token in the top bin (flat rows): summed over the block, no atomics (v29).
+      uint64_t packed = 0;  // count << 48 | mass
+      for_each_z([&](float z) { packed += (uint64_t{1} << 48) | FixedMass32(z, max_z); });
       packed = Reduce::SumU64(reduce, packed);
       if (threadIdx.x == 0) SetOneBinMassHistogram(mass_sh, packed);
       min_z = low_z;
     } else {
-#pragma unroll 1
-      for (int g = 0; g < kItemsPerThread / 4; ++g) {
-        float v[4];
-        load_adjusted(g, v);
-        const uint32_t allow = group_allow(g);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float z = temper(v[e]);
-          if (!(allowed_in(allow, e) && z > -kInfF)) continue;
-          min_z = fminf(min_z, z);
-          AddToMassHistogram(mass_sh, z, max_z, top);
-        }
-      }
+      for_each_z([&](float z) {
+        min_z = fminf(min_z, z);
+        AddToMassHistogram(mass_sh, z, max_z, top);
+      });
       min_z = Reduce::Min(reduce, min_z);
     }
   }
