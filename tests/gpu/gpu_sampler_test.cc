@@ -74,7 +74,7 @@ TEST_F(GpuSamplerTest, TokensMatchTheCpuReference) {
   for (const Setting& setting : kSettings) {
     for (const Shape& shape : kShapes) {
       for (DType dtype : kDTypes) {
-        for (const char* kind : {"randn3", "peaked", "zipf", "flat"}) {
+        for (const char* kind : {"randn3", "peaked", "zipf", "flat", "engine"}) {
           Batch b;
           b.dtype = dtype;
           b.batch = shape.batch;

@@ -106,6 +106,8 @@ void FillLogits(Batch& b, const std::string& kind, std::mt19937_64& rng) {
         v = -1.5f * std::log1p(static_cast<float>(rank[j])) + 0.1f * normal(rng);
       } else if (kind == "flat") {
         v = 0.25f;
+      } else if (kind == "engine") {  // a random-weight model's rows: top-p 0.95 keeps ~85%
+        v = 0.6f * normal(rng);
       } else {
         v = 3.0f * normal(rng);
       }

@@ -51,8 +51,8 @@ float LoadValue(DType dtype, const uint8_t* row, int64_t i);
 // Fills `b` (shape and dtype already set) with logits drawn as `kind`:
 // "randn3" (N(0,1) * 3), "peaked" (N(0,1) plus +12 on one random token per row), "zipf" (the
 // token of rank q at -1.5 ln(1 + q) plus N(0, 0.1): most mass in a few hundred tokens, like a
-// real model) or "flat" (every logit equal), rounded to the dtype so both backends read
-// identical values.
+// real model), "flat" (every logit equal) or "engine" (N(0, 0.6): a random-weight model's rows,
+// which top-p 0.95 keeps ~85% of), rounded to the dtype so both backends read identical values.
 void FillLogits(Batch& b, const std::string& kind, std::mt19937_64& rng);
 
 // Runs the CPU reference over every row.
