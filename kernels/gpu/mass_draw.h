@@ -59,11 +59,52 @@ __device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
   }
   best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: the list is in s.sort
   if (!sort_whole) {
-    return DrawWideBoundary<kThreads>(plan, n, list_key, list_index, chunk_max, chunk_scale, params,
-                                      best, s, reduce);
+    return DrawWideBoundary<kThreads>(ws, plan, row, n, list_key, list_index, chunk_max,
+                                      chunk_scale, params, best, s, reduce);
   }
   return DrawBoundary<kThreads>(plan, n, chunk_max, chunk_scale, params, best, s, reduce);
 }
+
+// A wide row's boundary tokens of one MassDrawKernel block, by sub-bin: their count and weight,
+// and the best score of those that might still win (BoundaryBestKey). Added to the row's sums
+// (MassWorkspace::sub_*) at the end of the block; the row's last block reads those (v30).
+struct BlockSubBins {
+  uint32_t count[kBoundarySubBins];
+  unsigned long long weight[kBoundarySubBins];
+  unsigned long long best[kBoundarySubBins];
+
+  template <int kThreads>
+  __device__ void Clear() {
+    for (int b = threadIdx.x; b < kBoundarySubBins; b += kThreads) {
+      count[b] = 0;
+      weight[b] = 0;
+      best[b] = 0;
+    }
+  }
+
+  // Boundary token j (z, uniform u). `u_floor`: MayBeatThreshold at the bin's top against
+  // `floor`, a score some kept token reaches: below it, the token cannot win.
+  __device__ __forceinline__ void Add(const BoundarySubBins& subs, float z, float u, int32_t j,
+                                      float u_floor, float floor) {
+    const int b = BoundarySubBins::Of(z);
+    atomicAdd(&count[b], 1u);
+    atomicAdd(&weight[b], static_cast<unsigned long long>(subs.Weight(z)));
+    if (u >= u_floor && MayBeat(z, u, floor)) {
+      atomicMax(&best[b], BoundaryBestKey(z + GumbelFromUniform(u), j));
+    }
+  }
+
+  template <int kThreads>
+  __device__ void AddToRow(const MassWorkspace& ws, int64_t row) const {
+    for (int b = threadIdx.x; b < kBoundarySubBins; b += kThreads) {
+      const int64_t at = row * kBoundarySubBins + b;
+      if (count[b] == 0) continue;
+      atomicAdd(ws.sub_count + at, count[b]);
+      atomicAdd(ws.sub_weight + at, weight[b]);
+      if (best[b] != 0) atomicMax(ws.sub_best + at, best[b]);
+    }
+  }
+};
 
 // Shared memory of MassDrawKernel: the chunk (widened to fp32), then, in the row's last block,
 // the sort of the boundary list.
@@ -77,7 +118,8 @@ struct MassDrawShared {
   union {
     uint16_t kept[kKeptQueue];  // chunk offsets of the kept tokens of this round (sparse chunks)
     DeferredScores<kMassDrawThreads>::Storage scores;  // the offers of a dense chunk's draw
-    struct {  // the last block's copy of the row's chunk references
+    BlockSubBins sub;  // then a wide row's boundary tokens of this block, by sub-bin
+    struct {           // the last block's copy of the row's chunk references
       float max[kMaxStagedChunks];
       double scale[kMaxStagedChunks];
     } ref;
@@ -255,31 +297,64 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     }
     __syncthreads();
   }
+  // A wide row (more boundary tokens than the block has threads) of a small launch weighs its
+  // boundary tokens here, by sub-bin, and scores those that might still win: the row's last
+  // block then reads 256 sums and bests instead of drawing the whole list alone (v30).
+  const bool wide = ws.presum_boundary && plan.boundary_count > static_cast<uint32_t>(kThreads);
+  if (wide) {
+    best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: the draw's shared memory is free
+    sh.sub.Clear<kThreads>();
+  }
   // The boundary tokens: one shared atomic per thread and one global atomic per block (one
   // global atomic per token serialised the blocks of a row on one address).
-  __syncthreads();  // sh.fill is zero
+  __syncthreads();  // sh.fill and the sub-bins are zero
   const uint32_t mine = boundary_tokens > 0 ? atomicAdd(&sh.fill, boundary_tokens) : 0;
   __syncthreads();
   if (threadIdx.x == 0 && sh.fill > 0) sh.base = atomicAdd(ws.boundary_fill + row, sh.fill);
   __syncthreads();
   uint32_t slot = sh.base + mine;
-  while (boundary_groups != 0) {
-    const int g = __ffs(boundary_groups) - 1;
-    boundary_groups &= boundary_groups - 1;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x = sh.chunk[local_at(g) + e];
-      if (!(x >= boundary_from && x < kept_from)) continue;
-      const float z = z_of(x);
-      if (slot < static_cast<uint32_t>(kBoundaryCap)) {
-        ws.boundary_key[row * kBoundaryCap + slot] = OrderedKey(z);
-        ws.boundary_index[row * kBoundaryCap + slot] =
-            static_cast<int32_t>(begin + local_at(g) + e);
-      }
-      ++slot;
+  auto append = [&](int first, int e, float z) {
+    if (slot < static_cast<uint32_t>(kBoundaryCap)) {
+      ws.boundary_key[row * kBoundaryCap + slot] = OrderedKey(z);
+      ws.boundary_index[row * kBoundaryCap + slot] = static_cast<int32_t>(begin + first + e);
     }
+    ++slot;
+  };
+  if (wide) {
+    const BoundarySubBins subs(plan);
+    // A boundary token whose u is below this cannot beat the chunk's best, a kept token's
+    // score: MayBeat's threshold at the bin's top holds for every z of the bin.
+    const float u_floor = MayBeatThreshold(subs.bin_top, best.value);
+    const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
+#pragma unroll 1
+    for (uint32_t groups = boundary_groups; groups != 0; groups &= groups - 1) {
+      const int first = local_at(__ffs(groups) - 1);
+      const PhiloxCounter bits =
+          Philox4x32x10(PhiloxCounterFor(params.position, begin + first), key);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = sh.chunk[first + e];
+        if (!(x >= boundary_from && x < kept_from)) continue;
+        const float z = z_of(x);
+        append(first, e, z);
+        sh.sub.Add(subs, z, UniformFromBits(bits.word[e]), static_cast<int32_t>(begin + first + e),
+                   u_floor, best.value);
+      }
+    }
+    __syncthreads();  // every Add is done
+    sh.sub.AddToRow<kThreads>(ws, row);
+  } else {
+    for (uint32_t groups = boundary_groups; groups != 0; groups &= groups - 1) {
+      const int first = local_at(__ffs(groups) - 1);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = sh.chunk[first + e];
+        if (!(x >= boundary_from && x < kept_from)) continue;
+        append(first, e, z_of(x));
+      }
+    }
+    best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: every thread is done with sh.chunk
   }
-  best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: every thread is done with sh.chunk
   if (threadIdx.x == 0) {
     ws.chunk_best[row * chunks + chunk] =
         ChunkBest{best.value, best.index == INT64_MAX ? -1 : static_cast<int32_t>(best.index)};

@@ -75,64 +75,95 @@ __device__ int64_t DrawBoundary(const MassPlan& plan, int n, const float* chunk_
 
 // The row's token when its boundary bin holds more tokens than the block sorts whole (more than
 // one a thread: a randn x 3 row at p = 0.95 has ~1,000, a peaked row ~4,000 of N(0, 1) noise in
-// one 1/8-logit bin; up to kBoundaryCap): the bin is split
-// into kHistBins sub-bins by the fraction of 8z, each weighed in fixed point relative to the
-// bin's top (integer sums: the same in any order); the sub-bins above the one where the
-// mass crosses the target are kept whole, and that one is sorted and cut as DrawBoundary does.
-// A crossing sub-bin of more than kSortCap tokens (1/16,384 logit wide: ties) is kept whole.
+// one 1/8-logit bin, a random-weight model's row ~7,000; up to kBoundaryCap). The bin is split
+// into kBoundarySubBins sub-bins (BoundarySubBins), weighed in fixed point relative to the bin's
+// top (integer sums: the same in any order); the sub-bins above the one where the mass crosses
+// the target are kept whole, and that one's tokens are collected, sorted and cut as DrawBoundary
+// does. A crossing sub-bin of more than kSortCap tokens (1/2,048 logit wide: ties) is kept whole.
+// In a small launch pass 2 has summed the sub-bins and their bests (ws.presum_boundary, v30);
+// else this block weighs the list and draws the kept sub-bins' tokens itself. The same sums, the
+// same kept set and the same token either way.
 template <int kThreads>
-__device__ int64_t DrawWideBoundary(const MassPlan& plan, int n, const volatile uint32_t* list_key,
+__device__ int64_t DrawWideBoundary(const MassWorkspace& ws, const MassPlan& plan, int64_t row,
+                                    int n, const volatile uint32_t* list_key,
                                     const volatile int32_t* list_index, const float* chunk_max,
                                     const double* chunk_scale, const RowParams& params,
                                     ArgMaxPair best_above, SelectStorage& s,
                                     typename BlockReduce<kThreads>::Storage& reduce) {
-  constexpr float kLog2E = 1.4426950408889634f;
-  constexpr float kUnit = 16777216.0f;  // 2^24: a token weighs (2^-1/8, 1] of it
-  const float bin_top = (plan.row_top - static_cast<float>(plan.boundary_bin) + 1.0f) /
-                        kMassBinsPerLogit;  // exact: z < bin_top for every token of the bin
-  const double unit_mass =
-      exp(static_cast<double>(bin_top) - static_cast<double>(plan.row_max)) * kMassScale / kUnit;
-  auto sub_bin = [](float z) {
-    const float t = z * kMassBinsPerLogit;  // exact, as is its fraction and the scaling below
-    return static_cast<int>((t - floorf(t)) * static_cast<float>(kHistBins));
-  };
-  auto weight = [&](float z) {
-    return static_cast<uint32_t>(exp2f((z - bin_top) * kLog2E) * kUnit);
-  };
-  ClearHistogram<kThreads>(s, kHistBins);
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float z = KeyToFloat(list_key[i]);
-    const int b = sub_bin(z);
-    atomicAdd(&s.hist.count[b], 1u);
-    AddBinWeight(s, b, weight(z));
+  static_assert(kBoundarySubBins % kScanSegments == 0, "FindCrossingBin's segments");
+  const bool summed = ws.presum_boundary;
+  const BoundarySubBins subs(plan);
+  const double unit_mass = subs.UnitMass(plan);
+  const volatile unsigned long long* sub_best = ws.sub_best + row * kBoundarySubBins;
+  if (summed) {
+    const volatile uint32_t* sub_count = ws.sub_count + row * kBoundarySubBins;
+    const volatile unsigned long long* sub_weight = ws.sub_weight + row * kBoundarySubBins;
+    for (int b = threadIdx.x; b < kBoundarySubBins; b += kThreads) {
+      const unsigned long long w = sub_weight[b];
+      s.hist.count[b] = sub_count[b];
+      s.hist.weight_lo[b] = static_cast<uint32_t>(w);
+      s.hist.weight_hi[b] = static_cast<uint32_t>(w >> 32);
+    }
+  } else {
+    ClearHistogram<kThreads>(s, kBoundarySubBins);
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float z = KeyToFloat(list_key[i]);
+      const int b = BoundarySubBins::Of(z);
+      atomicAdd(&s.hist.count[b], 1u);
+      AddBinWeight(s, b, subs.Weight(z));
+    }
   }
   __syncthreads();
-  FindCrossingBin<kThreads>(s, kHistBins, 0, (plan.target - plan.mass_above) / unit_mass, true);
+  FindCrossingBin<kThreads>(s, kBoundarySubBins, 0, (plan.target - plan.mass_above) / unit_mass,
+                            true);
   const int crossing = s.found_bin;  // -1: the bin's weight stays below the target: keep it all
   const double above = plan.mass_above + static_cast<double>(s.found_above) * unit_mass;
   __syncthreads();
-  // The kept sub-bins' tokens draw now; the crossing sub-bin's are collected for the sort.
+  // The kept sub-bins' tokens join the draw (their bests, when summed); the crossing sub-bin's
+  // tokens are collected for the sort.
   if (threadIdx.x == 0) s.collected = 0;
-  __syncthreads();
   ArgMaxPair best = best_above;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const uint32_t key = list_key[i];
-    const float z = KeyToFloat(key);
-    const int b = sub_bin(z);
-    const int64_t j = list_index[i];
-    if (b == crossing) {
-      const uint32_t slot = atomicAdd(&s.collected, 1u);
-      if (slot < static_cast<uint32_t>(kSortCap)) {
-        s.sort.key[slot] = key;
-        s.sort.index[slot] = static_cast<int32_t>(j);
-      }
-      continue;
-    }
-    if (b < crossing) continue;
-    const float u = PhiloxUniform(params.seed, params.position, static_cast<uint64_t>(j));
-    if (!MayBeat(z, u, best.value)) continue;
-    const ArgMaxPair scored{z + GumbelFromUniform(u), j};
+  for (int b = crossing + 1 + static_cast<int>(threadIdx.x); summed && b < kBoundarySubBins;
+       b += kThreads) {
+    const unsigned long long key = sub_best[b];
+    if (key == 0) continue;
+    const ArgMaxPair scored{KeyToFloat(static_cast<uint32_t>(key >> 32)),
+                            static_cast<int64_t>(~static_cast<uint32_t>(key))};
     if (Better(scored, best)) best = scored;
+  }
+  __syncthreads();  // s.collected is zero
+  // Four list entries in flight a thread: the loads, not the compares, are this loop's time
+  // when the sub-bins were summed.
+  constexpr int kInFlight = 4;
+  const bool walk = !summed || crossing >= 0;
+  for (int i0 = static_cast<int>(threadIdx.x); walk && i0 < n; i0 += kThreads * kInFlight) {
+    uint32_t keys[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int i = i0 + u * kThreads;
+      keys[u] = i < n ? list_key[i] : kNegInfKey;
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int i = i0 + u * kThreads;
+      if (i >= n) continue;
+      const float z = KeyToFloat(keys[u]);
+      const int b = BoundarySubBins::Of(z);
+      if (b == crossing) {
+        const uint32_t slot = atomicAdd(&s.collected, 1u);
+        if (slot < static_cast<uint32_t>(kSortCap)) {
+          s.sort.key[slot] = keys[u];
+          s.sort.index[slot] = list_index[i];
+        }
+        continue;
+      }
+      if (summed || b < crossing) continue;
+      const int64_t j = list_index[i];
+      const float u_j = PhiloxUniform(params.seed, params.position, static_cast<uint64_t>(j));
+      if (!MayBeat(z, u_j, best.value)) continue;
+      const ArgMaxPair scored{z + GumbelFromUniform(u_j), j};
+      if (Better(scored, best)) best = scored;
+    }
   }
   best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: s.collected is final
   const int m = static_cast<int>(s.collected);
@@ -143,7 +174,7 @@ __device__ int64_t DrawWideBoundary(const MassPlan& plan, int n, const volatile 
     ArgMaxPair mine = best;
     for (int i = threadIdx.x; i < n; i += kThreads) {
       const float z = KeyToFloat(list_key[i]);
-      if (sub_bin(z) != crossing) continue;
+      if (BoundarySubBins::Of(z) != crossing) continue;
       const int64_t j = list_index[i];
       const ArgMaxPair scored{z + GumbelNoise(params.seed, params.position, j), j};
       if (Better(scored, mine)) mine = scored;

@@ -41,6 +41,12 @@ inline constexpr float kMassMaxChunkAbs = 2097152.0f;  // 2^21
 // Boundary tokens a row's list holds. Up to kSortCap are sorted at once (mass_finish.h), more are
 // split into sub-bins first (DrawWideBoundary).
 inline constexpr int kBoundaryCap = 16384;
+// Sub-bins of a wide boundary bin (1/2,048 logit each): pass 2 weighs them and keeps each one's
+// best Gumbel score (v30), so the row's last block reads 256 sums instead of the whole list.
+inline constexpr int kBoundarySubBins = 256;
+// Launches of at most this many MassDrawKernel blocks sum the sub-bins in pass 2 (v30 measured
+// the crossover between 608 and 1,024 blocks on the H200's 132 SMs, 4 blocks each).
+inline constexpr int64_t kPresumMaxBlocks = 800;
 
 enum class MassPath : uint32_t { kFallback = 0, kTwoPass = 1 };
 
@@ -78,7 +84,50 @@ struct MassWorkspace {
   uint32_t* boundary_fill;  // [batch] tokens appended to the boundary list; zeroed by the plan
   uint32_t* boundary_key;   // [batch, kBoundaryCap]
   int32_t* boundary_index;  // [batch, kBoundaryCap]
+  // Small launches only (presum_boundary): [batch, kBoundarySubBins], zeroed by the plan, filled
+  // by pass 2 on wide rows (more boundary tokens than a MassDrawKernel block has threads): tokens,
+  // fixed-point weight, and the best score among the tokens that might win (BoundaryBestKey).
+  // Large launches weigh and draw the list in the row's last block instead: the same sums and
+  // the same token (v30: pass 2's share cost up to 8% at B = 256, the last block's wait ~40 us
+  // at small B, where it is the row's critical path).
+  bool presum_boundary;
+  uint32_t* sub_count;
+  unsigned long long* sub_weight;
+  unsigned long long* sub_best;
 };
+
+// A wide boundary bin's sub-bins: the bin [bin_top - 1/8, bin_top) of z split by the fraction of
+// 8z (exact in fp32, as is the scaling). Each token weighs its mass relative to bin_top in units
+// of 2^-24, in (2^-24 x 2^(24 - 1/8 log2 e), 2^24]: integer sums, the same in any order.
+struct BoundarySubBins {
+  float bin_top;  // z < bin_top for every token of the boundary bin
+
+  __device__ explicit BoundarySubBins(const MassPlan& plan)
+      : bin_top((plan.row_top - static_cast<float>(plan.boundary_bin) + 1.0f) / kMassBinsPerLogit) {
+  }
+
+  __device__ static int Of(float z) {
+    const float t = z * kMassBinsPerLogit;
+    return static_cast<int>((t - floorf(t)) * static_cast<float>(kBoundarySubBins));
+  }
+  __device__ uint32_t Weight(float z) const {
+    constexpr float kLog2E = 1.4426950408889634f;
+    return static_cast<uint32_t>(exp2f((z - bin_top) * kLog2E) * kUnit);
+  }
+  // One weight unit in the plan's mass units.
+  __device__ double UnitMass(const MassPlan& plan) const {
+    return exp(static_cast<double>(bin_top) - static_cast<double>(plan.row_max)) * kMassScale /
+           kUnit;
+  }
+
+  static constexpr float kUnit = 16777216.0f;  // 2^24
+};
+
+// A Gumbel score and its token as one number whose max is the better pair (higher score, then
+// lower index: Better's order); 0 is below every pair.
+__device__ __forceinline__ unsigned long long BoundaryBestKey(float score, int32_t index) {
+  return (static_cast<unsigned long long>(OrderedKey(score)) << 32) | ~static_cast<uint32_t>(index);
+}
 
 // One token's mass relative to `ref` (z <= ref) in units of 2^-31 (<= 2^31: fits 32 bits).
 // exp2f of a product: two instructions where expf costs about ten (pass 1 is instruction-
@@ -152,8 +201,8 @@ __device__ void StoreMassHistogram(const MassShared& sh, const MassWorkspace& ws
 
 // The plan of a mass row, by one block of kThreads >= kMassBins threads of the kernel after
 // pass 1: combines the row's chunk histograms in chunk order into the row's MassPlan (and chunk
-// scales), and zeroes the row's pass-2 ticket and boundary fill. Returns the path (every thread
-// gets it). Every thread of the block must call.
+// scales), and zeroes the row's pass-2 ticket, boundary fill and sub-bins. Returns the path (every
+// thread gets it). Every thread of the block must call.
 template <int kThreads>
 __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats, int64_t row,
                                 int chunks, float top_p, float temperature, MassPlanScratch& sh,
@@ -179,6 +228,11 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
   if (threadIdx.x == 0) {
     ws.pass2_ticket[row] = 0;
     ws.boundary_fill[row] = 0;
+  }
+  for (int b = threadIdx.x; b < kBoundarySubBins && ws.presum_boundary; b += kThreads) {
+    ws.sub_count[row * kBoundarySubBins + b] = 0;
+    ws.sub_weight[row * kBoundarySubBins + b] = 0;
+    ws.sub_best[row * kBoundarySubBins + b] = 0;
   }
   if (!usable) {
     if (threadIdx.x == 0) plan->path = MassPath::kFallback;

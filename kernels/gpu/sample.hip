@@ -338,7 +338,8 @@ int64_t GreedySpansPerRow(int64_t vocab) {
 // launch's spans.
 struct WorkspaceLayout {
   size_t tickets, greedy_spans, stats, candidate_key, candidate_index, hist_count, hist_hi, hist_lo,
-      chunk_scale, chunk_best, plan, counters, boundary_key, boundary_index, marked, first, total;
+      chunk_scale, chunk_best, plan, counters, boundary_key, boundary_index, sub_count, sub_weight,
+      sub_best, marked, first, total;
 
   WorkspaceLayout(int64_t batch, int64_t vocab) {
     const size_t rows = static_cast<size_t>(batch);
@@ -363,6 +364,9 @@ struct WorkspaceLayout {
     counters = take(2 * rows * sizeof(uint32_t));
     boundary_key = take(rows * kBoundaryCap * sizeof(uint32_t));
     boundary_index = take(rows * kBoundaryCap * sizeof(int32_t));
+    sub_count = take(rows * kBoundarySubBins * sizeof(uint32_t));
+    sub_weight = take(rows * kBoundarySubBins * sizeof(unsigned long long));
+    sub_best = take(rows * kBoundarySubBins * sizeof(unsigned long long));
     marked = take(rows * BitmaskWords(vocab) * sizeof(uint32_t));  // RowProcessors::marked
     first = take(rows * BitmaskWords(vocab) * sizeof(uint32_t));   // RowProcessors::first
     total = at;
@@ -528,6 +532,10 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
   mass.boundary_fill = counters + args.batch;
   mass.boundary_key = reinterpret_cast<uint32_t*>(ws + layout.boundary_key);
   mass.boundary_index = reinterpret_cast<int32_t*>(ws + layout.boundary_index);
+  mass.sub_count = reinterpret_cast<uint32_t*>(ws + layout.sub_count);
+  mass.sub_weight = reinterpret_cast<unsigned long long*>(ws + layout.sub_weight);
+  mass.sub_best = reinterpret_cast<unsigned long long*>(ws + layout.sub_best);
+  mass.presum_boundary = static_cast<int64_t>(args.batch) * chunks <= kPresumMaxBlocks;
 
   RowProcessors procs{};
   procs.allowed = args.allowed_bitmask;

@@ -327,7 +327,7 @@ TEST_F(GpuSamplerTest, TopPTokensAreTheSameOnEveryRun) {
 // Peaked rows (one token 12 above N(0, 1) noise) at top-p 0.95 put 4,000-6,000 noise tokens in
 // the mass path's boundary bin, more than one on-chip sort takes: the bin is split into sub-bins
 // first (DrawWideBoundary, kernels/gpu/mass_finish.h). Same tokens as the CPU, on every run, and
-// alone or in a batch.
+// alone or in a batch, small (sub-bins summed in pass 2) or large (in the rows' last blocks).
 TEST_F(GpuSamplerTest, WideBoundaryBinsMatchTheCpuOnEveryRunAndInAnyBatch) {
   std::mt19937_64 rng(29);
   int64_t rows = 0, mismatches = 0;
@@ -361,6 +361,20 @@ TEST_F(GpuSamplerTest, WideBoundaryBinsMatchTheCpuOnEveryRunAndInAnyBatch) {
         alone.bytes.assign(b.bytes.begin() + 4 * row_bytes, b.bytes.begin() + 5 * row_bytes);
         alone.params = {b.params[4]};
         EXPECT_EQ(RunGpu(alone).tokens[0], gpu.tokens[4]) << "row 4 alone";
+        // A launch of more than kPresumMaxBlocks blocks weighs the sub-bins in the rows' last
+        // blocks instead of in pass 2: the same tokens.
+        Batch big;
+        big.dtype = dtype;
+        big.batch = 48;
+        big.vocab = vocab;
+        FillLogits(big, "peaked", rng);
+        SetParams(big, Params(1.0f, 0, top_p, 0.0f), rng);
+        std::copy(b.bytes.begin(), b.bytes.end(), big.bytes.begin());
+        std::copy(b.params.begin(), b.params.end(), big.params.begin());
+        const Outputs in_big = RunGpu(big);
+        for (int64_t r = 0; r < b.batch; ++r) {
+          EXPECT_EQ(in_big.tokens[r], gpu.tokens[r]) << "row " << r << " in a batch of 48";
+        }
       }
     }
   }
