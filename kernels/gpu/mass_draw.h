@@ -3,9 +3,10 @@
 // Pass 2 for a row whose MassPlan is kTwoPass: block (chunk c, row r) of MassDrawKernel reads
 // its chunk again. Tokens above the boundary bin compete in the Gumbel-max draw at once (queued,
 // then drawn with every lane busy); the boundary bin's tokens are appended to the row's boundary
-// list. The last block of the row sorts the list (split into sub-bins first when it holds more
-// than one token a thread), keeps its prefix by the top-p rule, draws among it and compares with
-// every chunk's best (mass_finish.h): the row's token.
+// list (in a small launch, a wide bin's tokens are also weighed by sub-bin here, and scored
+// where they might win: BlockSubBins). The last block of the row sorts the list (split into
+// sub-bins first when it holds more than one token a thread), keeps its prefix by the top-p
+// rule, draws among it and compares with every chunk's best (mass_finish.h): the row's token.
 #ifndef SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
 #define SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
 
