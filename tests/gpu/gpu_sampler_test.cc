@@ -334,12 +334,16 @@ TEST_F(GpuSamplerTest, WideBoundaryBinsMatchTheCpuOnEveryRunAndInAnyBatch) {
   for (DType dtype : {DType::kFp32, DType::kBf16}) {
     for (int64_t vocab : {int64_t{151936}, int64_t{262144}}) {
       for (float top_p : {0.95f, 0.9f, 0.8f}) {
-        Batch b;
-        b.dtype = dtype;
-        b.batch = 6;
-        b.vocab = vocab;
-        FillLogits(b, "peaked", rng);
-        SetParams(b, Params(1.0f, 0, top_p, 0.0f), rng);
+        auto peaked = [&](int64_t batch) {
+          Batch out;
+          out.dtype = dtype;
+          out.batch = batch;
+          out.vocab = vocab;
+          FillLogits(out, "peaked", rng);
+          SetParams(out, Params(1.0f, 0, top_p, 0.0f), rng);
+          return out;
+        };
+        const Batch b = peaked(6);
         const Outputs cpu = RunCpu(b);
         const Outputs gpu = RunGpu(b);
         for (int64_t r = 0; r < b.batch; ++r) {
@@ -363,12 +367,7 @@ TEST_F(GpuSamplerTest, WideBoundaryBinsMatchTheCpuOnEveryRunAndInAnyBatch) {
         EXPECT_EQ(RunGpu(alone).tokens[0], gpu.tokens[4]) << "row 4 alone";
         // A launch of more than kPresumMaxBlocks blocks weighs the sub-bins in the rows' last
         // blocks instead of in pass 2: the same tokens.
-        Batch big;
-        big.dtype = dtype;
-        big.batch = 48;
-        big.vocab = vocab;
-        FillLogits(big, "peaked", rng);
-        SetParams(big, Params(1.0f, 0, top_p, 0.0f), rng);
+        Batch big = peaked(48);
         std::copy(b.bytes.begin(), b.bytes.end(), big.bytes.begin());
         std::copy(b.params.begin(), b.params.end(), big.params.begin());
         const Outputs in_big = RunGpu(big);
