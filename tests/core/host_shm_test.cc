@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -142,6 +143,31 @@ TEST(MapHostShm, AnObjectSamplerdMayNotReadIsPermissionDenied) {
               return "got " + m.status().ToString();
             }),
             "");
+}
+
+// A FIFO under /dev/shm that samplerd may only read: shm_open of it read-only would wait for a
+// writer forever, holding the gRPC thread of the RegisterRegion call (a few of them hung the
+// whole server). It must be refused at once, like any other object that is not a regular file.
+TEST(MapHostShm, AFifoSamplerdMayOnlyReadIsRefusedWithoutBlocking) {
+  const std::string key = UniqueShmKey("fifo");
+  const std::string path = "/dev/shm" + key;
+  ASSERT_EQ(mkfifo(path.c_str(), 0444), 0);
+  ASSERT_EQ(chmod(path.c_str(), 0444), 0);  // the umask may have narrowed it
+  EXPECT_EQ(RunUnprivileged([&]() -> std::string {
+              alarm(10);  // a blocked open ends the child: "the check crashed"
+              absl::StatusOr<HostShmMapping> m = MapHostShm(key, 0, 64);
+              alarm(0);
+              if (m.ok()) {
+                UnmapHostShm(*m);
+                return "mapped a FIFO";
+              }
+              if (m.status().code() != absl::StatusCode::kFailedPrecondition) {
+                return "got " + m.status().ToString();
+              }
+              return "";
+            }),
+            "");
+  unlink(path.c_str());
 }
 
 }  // namespace

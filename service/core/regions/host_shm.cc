@@ -22,12 +22,14 @@ absl::Status BadKey(absl::string_view what, absl::string_view got) {
 }
 
 // Opens `key` read-write, else read-only when only that is allowed. Returns the descriptor or
-// -1 with errno set.
+// -1 with errno set. O_NONBLOCK: a FIFO planted under the key would otherwise block a read-only
+// open until some writer appears (forever, on the gRPC thread of the call); the caller refuses
+// anything but a regular file once it is open. It changes nothing for regular files and mmap.
 int OpenShm(const std::string& key, bool* writable) {
-  int fd = shm_open(key.c_str(), O_RDWR | O_CLOEXEC, 0);
+  int fd = shm_open(key.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK, 0);
   *writable = fd >= 0;
   if (fd < 0 && (errno == EACCES || errno == EROFS))
-    fd = shm_open(key.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    fd = shm_open(key.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
   return fd;
 }
 
