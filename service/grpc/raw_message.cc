@@ -9,6 +9,11 @@
 namespace samplerd::grpc_transport {
 
 absl::Status ParseMessage(grpc::ByteBuffer* buffer, google::protobuf::MessageLite* message) {
+  if (!buffer->Valid()) {  // no payload at all (0 bytes are the empty message, and parse)
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a serialized ", message->GetTypeName(),
+                     ", got no message (the client half-closed the call without sending one)"));
+  }
   const size_t size = buffer->Length();
   const grpc::Status status =
       grpc::GenericDeserialize<grpc::ProtoBufferReader, google::protobuf::MessageLite>(buffer,

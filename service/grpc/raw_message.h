@@ -22,8 +22,9 @@ namespace samplerd::grpc_transport {
 // deserializer, so that what parses is exactly what the generated service accepted. Bytes that
 // do not parse (a malformed wire format, or a string field that is not valid UTF-8) are
 // INVALID_ARGUMENT "expected a serialized samplerd.v1.X, got N bytes that do not parse ...";
-// the bytes themselves are never echoed. libprotobuf may also log the reason (protobuf_log.h
-// limits that).
+// the bytes themselves are never echoed. No payload at all (a unary call the client half-closed
+// without a message) is INVALID_ARGUMENT "expected a serialized samplerd.v1.X, got no message".
+// libprotobuf may also log the reason (protobuf_log.h limits that).
 absl::Status ParseMessage(grpc::ByteBuffer* buffer, google::protobuf::MessageLite* message);
 
 // Serializes `message` into `*buffer` (replacing its contents); INTERNAL when protobuf cannot

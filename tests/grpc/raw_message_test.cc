@@ -57,5 +57,18 @@ TEST(ParseMessage, EmptyBytesAreTheEmptyMessage) {
   EXPECT_TRUE(ParseMessage(&buffer, &parsed).ok());
 }
 
+// A unary call whose client half-closed without sending a message (possible with a raw HTTP/2
+// client) reaches the method with no payload at all: that is no message, not "0 bytes that do
+// not parse" (0 bytes are the empty message, which parses).
+TEST(ParseMessage, NoPayloadIsInvalidArgumentSayingNoMessageCame) {
+  grpc::ByteBuffer buffer;  // no payload: Valid() is false
+  v1::SampleRequest parsed;
+  const absl::Status status = ParseMessage(&buffer, &parsed);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "expected a serialized samplerd.v1.SampleRequest, got no message (the client "
+            "half-closed the call without sending one)");
+}
+
 }  // namespace
 }  // namespace samplerd::grpc_transport
