@@ -153,6 +153,14 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             self.client.sample(logits.astype(np.float64))
 
+    def test_big_endian_logits_are_sent_little_endian(self):
+        # A non-native byte order is a layout, not another dtype: the client converts it.
+        logits = random_logits(3, 50, seed=8)
+        for dtype in (">f4", ">f2"):
+            swapped = logits.astype(dtype)
+            result = self.client.sample(swapped, temperature=0)
+            np.testing.assert_array_equal(result.tokens, np.argmax(swapped, axis=1))
+
     def test_stream_steps_in_order(self):
         logits = [random_logits(4, 128, seed=10 + i) for i in range(5)]
         with self.client.stream() as session:

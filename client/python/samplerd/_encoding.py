@@ -40,7 +40,8 @@ def _tensor_bytes(logits: Any) -> Tuple[int, Tuple[int, int], bytes]:
         arr = arr[None, :]
     if arr.ndim != 2:
         raise ValueError(f"expected logits of shape [B, V], got {arr.shape}")
-    dtype = _DTYPES.get(arr.dtype)
+    # By kind and size, whatever the byte order (">f4" too): made little-endian below.
+    dtype = _DTYPES.get(arr.dtype.newbyteorder("="))
     if dtype is None:
         raise TypeError(
             f"expected float32 or float16 logits (bfloat16 as a torch tensor), got {arr.dtype}"
