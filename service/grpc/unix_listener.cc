@@ -144,20 +144,28 @@ void UnixListener::Loop(grpc::Server* server, PeerTable* peers) {
   std::vector<pollfd> fds;
   fds.push_back({wake_fd_, POLLIN, 0});
   for (const Socket& s : sockets_) fds.push_back({s.fd, POLLIN, 0});
-  int timeout_ms = -1;
+  bool back_off = false;
   while (true) {
-    const int ready = poll(fds.data(), fds.size(), timeout_ms);
-    timeout_ms = -1;
+    if (back_off) {
+      // Out of descriptors or memory: wait a little, for Stop alone. Polling the listeners too
+      // would return at once (the connection not accepted keeps them readable): a busy loop.
+      back_off = false;
+      pollfd wake = fds[0];
+      const int woken = poll(&wake, 1, 100);
+      if (woken < 0 && errno != EINTR) return;
+      if (woken > 0) return;  // Stop
+    }
+    const int ready = poll(fds.data(), fds.size(), -1);
     if (ready < 0 && errno != EINTR) return;
     if (fds[0].revents != 0) return;  // Stop
     for (size_t i = 1; ready > 0 && i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       const int fd = accept4(fds[i].fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
-        // Out of descriptors or memory: wait a little (or for Stop) instead of spinning on a
-        // listener that stays readable. Other errors concern one aborted connection.
+        // Out of descriptors or memory: back off (above). Other errors concern one aborted
+        // connection.
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          timeout_ms = 100;
+          back_off = true;
         }
         continue;
       }
