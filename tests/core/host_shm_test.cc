@@ -170,5 +170,18 @@ TEST(MapHostShm, AFifoSamplerdMayOnlyReadIsRefusedWithoutBlocking) {
   unlink(path.c_str());
 }
 
+// A directory under /dev/shm is another kind of file, like a FIFO: the key itself is well formed
+// (shm_open reports EISDIR as EINVAL, which said "expected a valid host_shm.key").
+TEST(MapHostShm, ADirectoryIsRefusedAsAnotherKindOfFile) {
+  const std::string key = UniqueShmKey("dir");
+  const std::string path = "/dev/shm" + key;
+  ASSERT_EQ(mkdir(path.c_str(), 0700), 0);
+  absl::StatusOr<HostShmMapping> m = MapHostShm(key, 0, 64);
+  rmdir(path.c_str());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();
+  EXPECT_THAT(std::string(m.status().message()),
+              HasSubstr("expected a shm object (a regular file under /dev/shm), got"));
+}
+
 }  // namespace
 }  // namespace samplerd::core

@@ -44,9 +44,12 @@ absl::Status OpenError(int error) {
           "expected a shm object samplerd may open, got one its user may not read (check the "
           "object's owner and mode)");
     case ENAMETOOLONG:
-    case EINVAL:
       return absl::InvalidArgumentError(absl::StrCat(
           "expected a valid host_shm.key, got one shm_open refuses (", std::strerror(error), ")"));
+    case EINVAL:  // the key passed ValidateShmKey: glibc's shm_open reports EISDIR as EINVAL
+      return absl::FailedPreconditionError(
+          "expected a shm object (a regular file under /dev/shm), got a key shm_open refuses "
+          "with EINVAL (a directory)");
     default:
       return absl::FailedPreconditionError(
           absl::StrCat("expected to open the shm object, got: ", std::strerror(error)));
