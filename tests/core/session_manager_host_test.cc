@@ -416,6 +416,23 @@ TEST_F(HostSessions, OwnedRegionsAreUnregisteredWhenTheSessionEndsHoweverItEnds)
   EXPECT_TRUE(regions_.List().empty());
 }
 
+// The flag owns the regions the open named, not their names: a name unregistered and registered
+// again while the session lives (by this client or another process) names a new region, which
+// the session's end must leave alone.
+TEST_F(HostSessions, ANameRegisteredAgainDuringTheSessionKeepsItsNewRegion) {
+  SessionOpen open = OpenIn("host");
+  open.unregister_regions_on_end = true;
+  absl::StatusOr<OpenedSession> opened = Open(open);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_TRUE(regions_.Unregister("host").ok());
+  ASSERT_TRUE(regions_.RegisterHostShm("host", shm_.key(), 0, 4096).ok());  // another region
+  ASSERT_TRUE(manager_->Close(opened->id).ok());
+  const std::vector<RegionInfo> left = regions_.List();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].name, "host");
+  EXPECT_EQ(left[0].byte_size, 4096u);
+}
+
 TEST_F(HostSessions, RegionsStayRegisteredWithoutTheFlagOrWhenTheOpenFails) {
   absl::StatusOr<OpenedSession> opened = Open(OpenIn("host"));
   ASSERT_TRUE(opened.ok());

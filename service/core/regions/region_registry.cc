@@ -82,10 +82,11 @@ absl::Status Taken(absl::string_view name) {
 struct RegionLease::Holder {
   std::shared_ptr<RegionRegistry::State> state;
   RegionInfo info;
-  RegionView view;           // the whole region
-  HostShmMapping shm;        // kHostShm
-  IpcKey ipc;                // kGpuIpc
-  uint64_t owner_token = 0;  // OwnerWatcher's token; 0: unwatched
+  RegionView view;            // the whole region
+  HostShmMapping shm;         // kHostShm
+  IpcKey ipc;                 // kGpuIpc
+  uint64_t owner_token = 0;   // OwnerWatcher's token; 0: unwatched
+  uint64_t registration = 0;  // set once by Insert (under state->mu), never 0 once registered
   // Guarded by state->mu.
   int64_t leases = 0;
   bool registered = true;
@@ -205,6 +206,7 @@ struct RegionRegistry::State {
   std::mutex mu;  // guards the members up to ipc_mu, and every Holder's counters
   std::map<std::string, std::shared_ptr<Holder>> registered;  // by name, sorted
   std::set<std::shared_ptr<Holder>> retired;                  // unregistered, still leased
+  uint64_t last_registration = 0;                             // Holder::registration's source
   std::deque<std::shared_ptr<Holder>> to_close;               // claimed, for the closer
   std::condition_variable closer_cv;
   std::thread closer;
@@ -222,6 +224,10 @@ struct RegionRegistry::State {
 };
 
 // ---- RegionLease -------------------------------------------------------------------------------
+
+uint64_t RegionLease::registration() const {
+  return holder_ != nullptr ? holder_->registration : 0;
+}
 
 RegionLease::RegionLease(std::shared_ptr<Holder> holder, RegionView view)
     : holder_(std::move(holder)), view_(view) {}
@@ -282,6 +288,7 @@ absl::Status RegionRegistry::Insert(std::shared_ptr<RegionLease::Holder> holder,
     holder->owner_token = token.ok() ? *token : 0;
     holder->info.owner_watched = token.ok();
   }
+  holder->registration = ++state_->last_registration;
   state_->registered.emplace(name, holder);
   state_->EnsureCloserLocked();
   return absl::OkStatus();
@@ -380,12 +387,23 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterGpuIpc(const std::string& nam
 }
 
 absl::Status RegionRegistry::Unregister(const std::string& name) {
+  return UnregisterRegistration(name, 0);
+}
+
+// `registration` 0: whatever `name` names now.
+absl::Status RegionRegistry::UnregisterRegistration(const std::string& name,
+                                                    uint64_t registration) {
   RETURN_IF_ERROR(ValidateName(name));
   std::shared_ptr<RegionLease::Holder> close_now;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->registered.find(name);
     if (it == state_->registered.end()) return NotRegistered(name);
+    if (registration != 0 && it->second->registration != registration) {
+      return absl::NotFoundError(absl::StrCat("expected region \"", name,
+                                              "\" as registered when it was leased, got a ",
+                                              "newer registration of that name (left registered)"));
+    }
     std::shared_ptr<RegionLease::Holder> holder = std::move(it->second);
     state_->registered.erase(it);
     close_now = state_->RetireLocked(std::move(holder));  // else the last lease's release

@@ -66,6 +66,9 @@ class RegionLease {
 
   const RegionView& view() const { return view_; }
   explicit operator bool() const { return holder_ != nullptr; }
+  // Which registration of the region this lease is on: a number no other registration (of any
+  // name) ever gets, for RegionRegistry::UnregisterRegistration. 0 for an empty lease.
+  uint64_t registration() const;
 
  private:
   friend class RegionRegistry;
@@ -105,6 +108,10 @@ class RegionRegistry {
                                             uint64_t offset, uint64_t byte_size,
                                             const std::string& device, int64_t owner_pid = 0);
   absl::Status Unregister(const std::string& name);
+  // Unregisters `name` only while it still names `registration` (RegionLease::registration):
+  // NOT_FOUND when the name is gone or was registered again since (a newer region, perhaps
+  // another process's, which stays).
+  absl::Status UnregisterRegistration(const std::string& name, uint64_t registration);
   std::vector<RegionInfo> List() const;  // sorted by name
 
   // Called on the watcher's thread after an owner's exit released `released` regions of

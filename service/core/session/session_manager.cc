@@ -354,10 +354,12 @@ absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndC
     session->control = spec.control;
     session->on_end = std::move(on_end);
     if (open.unregister_regions_on_end) {
-      for (const SessionSlice* slice :
-           {&open.control, &open.logits, &open.params, &open.token_ids, &open.row_status,
-            &open.sampled_logprobs, &open.token_bitmask, &open.processors}) {
-        if (!slice->region.empty()) session->owned_regions.push_back(slice->region);
+      const std::array<const SessionSlice*, kBuffers> slices = {
+          &open.control,    &open.logits,           &open.params,        &open.token_ids,
+          &open.row_status, &open.sampled_logprobs, &open.token_bitmask, &open.processors};
+      for (int b = 0; b < kBuffers; ++b) {
+        if (slices[b]->region.empty()) continue;
+        session->owned_regions.emplace_back(slices[b]->region, spec.leases[b].registration());
       }
     }
     sessions_.emplace(opened.id, std::move(session));
@@ -409,8 +411,11 @@ absl::StatusOr<uint64_t> SessionManager::Close(const std::string& id) {
 void SessionManager::End(Session& session) {
   if (session.runner != nullptr) session.runner->Stop();
   session.runner.reset();  // releases the leases
-  // A region may be named twice, or be gone already (the client unregistered it): both fine.
-  for (const std::string& name : session.owned_regions) regions_->Unregister(name).IgnoreError();
+  // A region may be named twice, or be gone already (the client unregistered it, perhaps
+  // registering another region under its name, which stays): all fine.
+  for (const auto& [name, registration] : session.owned_regions) {
+    regions_->UnregisterRegistration(name, registration).IgnoreError();
+  }
   session.owned_regions.clear();
 }
 

@@ -144,8 +144,10 @@ class SessionManager {
     std::unique_ptr<PlaneRunner> runner;  // null while starting
     EndCallback on_end;
     absl::Status early_fault;  // a fault reported while starting
-    // Regions to unregister once the session has ended (SessionOpen::unregister_regions_on_end).
-    std::vector<std::string> owned_regions;
+    // Regions to unregister once the session has ended (SessionOpen::unregister_regions_on_end),
+    // by name and the registration the open leased (RegionLease::registration): a name
+    // registered again meanwhile names another region, which stays.
+    std::vector<std::pair<std::string, uint64_t>> owned_regions;
   };
 
   // Stops the session's runner (releasing its leases) and unregisters its owned regions.
