@@ -74,11 +74,14 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::str
   std::unique_ptr<HttpExporter> exporter(new HttpExporter());
   exporter->address_ = address;
   const std::string ports = absl::StrCat(address, ":", port);
-  // Two workers: a scrape is a few kB rendered in microseconds; keep-alive connections from
-  // one or two scrapers are all there is. Slow or idle clients are dropped after 10 s.
+  // civetweb gives each connection a worker for as long as it is open, including while it waits
+  // for a request's headers: with two workers and a 10 s request timeout, two clients that sent
+  // half a request stalled every scrape for ~10 s. Eight workers leave room for a scraper or two
+  // next to a few such clients, and a client that has not sent its whole request within 2 s is
+  // dropped (a scrape request is one small packet).
   try {
     exporter->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", ports, "num_threads", "2", "request_timeout_ms", "10000",
+        "listening_ports", ports, "num_threads", "8", "request_timeout_ms", "2000",
         "enable_keep_alive", "yes", "keep_alive_timeout_ms", "30000"});
   } catch (const std::exception& e) {  // civetweb's CivetException, with its reason
     return absl::UnavailableError(

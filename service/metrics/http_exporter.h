@@ -18,12 +18,12 @@ namespace samplerd::metrics {
 
 class HttpExporter {
  public:
-  // Listens on `address`:`port` ("0.0.0.0", "127.0.0.1"; port 0 picks a free one) with two
-  // worker threads and answers GET /metrics with the exposer's own exposer_* series followed by
-  // registry->ExpositionText() (gzip-compressed when the client accepts it). `registry` must
-  // outlive the exporter. Errors: INVALID_ARGUMENT for a port outside [0, 65535] or an address
-  // with characters civetweb would misread, UNAVAILABLE when the port cannot be bound (with
-  // civetweb's reason).
+  // Listens on `address`:`port` ("0.0.0.0", "127.0.0.1"; port 0 picks a free one) with eight
+  // worker threads (a client that has not sent its request within 2 s is dropped) and answers GET
+  // /metrics with the exposer's own exposer_* series followed by registry->ExpositionText()
+  // (gzip-compressed when the client accepts it). `registry` must outlive the exporter. Errors:
+  // INVALID_ARGUMENT for a port outside [0, 65535] or an address with characters civetweb would
+  // misread, UNAVAILABLE when the port cannot be bound (with civetweb's reason).
   static absl::StatusOr<std::unique_ptr<HttpExporter>> Start(const std::string& address, int port,
                                                              const Registry* registry);
 

@@ -6,10 +6,16 @@
 // exposer_* metrics, and HEAD or POST /metrics are 404 (only GET is served), not 200 and 405.
 #include "service/metrics/http_exporter.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <memory>
+#include <vector>
 
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -67,6 +73,31 @@ TEST_F(HttpExporterTest, OtherPathsAndMethodsAreNotFound) {
   EXPECT_EQ(HttpGet(exporter_->port(), "/etc/passwd").status, 404);
   EXPECT_EQ(HttpRequest(exporter_->port(), "HEAD", "/metrics").status, 404);
   EXPECT_EQ(HttpRequest(exporter_->port(), "POST", "/metrics").status, 404);
+}
+
+TEST_F(HttpExporterTest, ScrapeAnswersPromptlyWhileSlowClientsHoldHalfRequests) {
+  // Four connections that send a request line and never finish their headers (the tester's
+  // reproduction): with two workers and a 10 s request timeout a scrape waited ~10 s.
+  std::vector<int> slow;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(exporter_->port()));
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string half = "GET /metrics HTTP/1.1\r\n";
+    ASSERT_EQ(send(fd, half.data(), half.size(), MSG_NOSIGNAL), static_cast<ssize_t>(half.size()));
+    slow.push_back(fd);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const HttpResponse response = HttpGet(exporter_->port(), "/metrics");
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(response.status, 200);
+  EXPECT_LT(elapsed, std::chrono::seconds(1))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count() << " ms";
+  for (int fd : slow) close(fd);
 }
 
 TEST_F(HttpExporterTest, TakenPortIsUnavailable) {
