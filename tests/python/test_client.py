@@ -104,6 +104,32 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.client.sample(logits, temperature=[0.0, 1.0])
 
+    def test_values_int_and_float_would_change_raise_naming_the_field(self):
+        # int(1.5) is 1 and float("0.5") is 0.5: the client refuses both instead of sending a
+        # different request, and names the field in range errors (protobuf's do not).
+        logits = random_logits(2, 300, seed=5)
+        cases = (
+            (dict(seed=1.5), ValueError, "seed"),
+            (dict(seed=[1, 2.5]), ValueError, "seed"),
+            (dict(seed=-1), ValueError, r"seed: expected an integer in \[0, "),
+            (dict(seed=2**64), ValueError, "seed"),
+            (dict(position=-1), ValueError, "position"),
+            (dict(top_k=2.7), ValueError, "top_k"),
+            (dict(top_k=2**40), ValueError, "top_k"),
+            (dict(top_k=[1, "2"]), TypeError, "top_k"),
+            (dict(temperature="0.5"), TypeError, "temperature"),
+            (dict(top_p=True), TypeError, "top_p"),
+            (dict(top_p=[0.5, b"x"]), TypeError, "top_p"),
+        )
+        for kwargs, error, field in cases:
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaisesRegex(error, field):
+                    self.client.sample(logits, **kwargs)
+        # Integral floats and numpy scalars are the numbers they hold.
+        result = self.client.sample(logits, temperature=0.0, seed=np.uint64(2**64 - 1),
+                                    position=7.0, top_k=np.int32(5))
+        np.testing.assert_array_equal(result.tokens, np.argmax(logits, axis=1))
+
     def test_per_row_seeds_and_positions_travel_packed_and_draw_the_same(self):
         logits = random_logits(16, 500, seed=6)
         seeds, positions = list(range(100, 116)), list(range(7, 23))

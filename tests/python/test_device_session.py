@@ -156,6 +156,26 @@ class DeviceSessionTest(unittest.TestCase):
             tokens, _ = s.sample(logits[:2], temperature=0.0, seeds=0, positions=0)
             self.assertEqual(tokens.shape, (2,))
 
+    def test_values_numpy_would_change_raise_naming_the_field(self):
+        # Assigning into the shm params view would truncate 1.5, wrap -1 and parse "0.5".
+        logits = np.zeros((2, VOCAB), dtype=np.float32)
+        with self.session() as s:
+            cases = (
+                (dict(seeds=1.5, positions=0), ValueError, "seed"),
+                (dict(seeds=-1, positions=0), ValueError, "seed"),
+                (dict(seeds=0, positions=[0, 2**64]), TypeError, "position"),
+                (dict(seeds=0, positions=0, top_k=[2.5, 1]), ValueError, "top_k"),
+                (dict(seeds=0, positions=0, temperature="0.5"), TypeError, "temperature"),
+                (dict(seeds=0, positions=0, top_p=True), TypeError, "top_p"),
+            )
+            for kwargs, error, field in cases:
+                with self.subTest(kwargs=kwargs):
+                    with self.assertRaisesRegex(error, field):
+                        s.sample(logits, **kwargs)
+            tokens, status = s.sample(logits, temperature=0.0, seeds=np.uint64(2**64 - 1),
+                                      positions=[3.0, 4], top_k=np.int64(5))
+            self.assertEqual(status.tolist(), [1, 1])
+
     def test_gpu_plane_on_a_cpu_server_is_failed_precondition(self):
         with self.assertRaises(samplerd.SamplerError) as cm:
             self.session(plane="gpu")

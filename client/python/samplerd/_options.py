@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -135,12 +136,12 @@ class SampleOptions:
         """
         seed, position = self.seed, self.position
         filters = (
-            ("temperature", self.temperature, float),
-            ("top_k", self.top_k, int),
-            ("top_p", self.top_p, float),
-            ("min_p", self.min_p, float),
+            ("temperature", self.temperature, _real("temperature")),
+            ("top_k", self.top_k, _integer("top_k", -(2**31), 2**31 - 1)),
+            ("top_p", self.top_p, _real("top_p")),
+            ("min_p", self.min_p, _real("min_p")),
         ) + tuple(
-            (name, value, float)
+            (name, value, _real(name))
             for name, value in (
                 ("repetition_penalty", self.repetition_penalty),
                 ("presence_penalty", self.presence_penalty),
@@ -151,18 +152,19 @@ class SampleOptions:
         filter_rows = [_per_row(name, value, batch) for name, value, _ in filters]
         seed_rows = _per_row("seed", seed, batch)
         position_rows = _per_row("position", position, batch)
+        as_seed, as_position = _integer("seed", 0, 2**64 - 1), _integer("position", 0, 2**64 - 1)
         if all(r is None for r in filter_rows):
             kw = {name: cast(value) for name, value, cast in filters}
             if seed_rows is None and seed is not None:
-                kw["seed"] = int(seed)
+                kw["seed"] = as_seed(seed)
             if position_rows is None:
-                kw["position"] = int(position)
+                kw["position"] = as_position(position)
             return (
                 [pb.SamplingParams(**kw)],
-                None if seed_rows is None else [int(v) for v in seed_rows],
-                None if position_rows is None else [int(v) for v in position_rows],
+                None if seed_rows is None else [as_seed(v) for v in seed_rows],
+                None if position_rows is None else [as_position(v) for v in position_rows],
             )
-        given = filters + (("position", position, int), ("seed", seed, int))
+        given = filters + (("position", position, as_position), ("seed", seed, as_seed))
         rows = filter_rows + [position_rows, seed_rows]
         columns = {
             name: [None] * batch if value is None and r is None
@@ -195,6 +197,35 @@ class SampleOptions:
 _FIELDS = dataclasses.fields(SampleOptions)
 _N_POSITIONAL = sum(1 for f in _FIELDS if not f.metadata.get("keyword_only"))
 assert all(f.metadata.get("keyword_only") for f in _FIELDS[_N_POSITIONAL:]), "keyword-only last"
+
+
+def _integer(name: str, low: int, high: int) -> Callable[[Any], int]:
+    """A cast to int that refuses what int() would silently change: a fractional number, a
+    string, a bool, or a value outside the proto field's range (each error names the field)."""
+
+    def cast(value: Any) -> int:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+        if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+            raise ValueError(f"{name}: expected an integer, got {value!r}")
+        number = int(value)
+        if not low <= number <= high:
+            raise ValueError(f"{name}: expected an integer in [{low}, {high}], got {number}")
+        return number
+
+    return cast
+
+
+def _real(name: str) -> Callable[[Any], float]:
+    """A cast to float that refuses strings and bools (float('0.5') would pass), naming the
+    field; the server checks the range."""
+
+    def cast(value: Any) -> float:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+
+    return cast
 
 
 def _per_row(name: str, value: Any, batch: int) -> Optional[list]:

@@ -59,7 +59,23 @@ def _top_p_mode(value: Any) -> Any:
 
 def _fill_np(view: np.ndarray, value: Any, name: str, batch: int) -> None:
     arr = np.asarray(value)
-    if arr.ndim == 0 or arr.shape == (batch,):
-        view[:batch] = arr
-    else:
+    if not (arr.ndim == 0 or arr.shape == (batch,)):
         raise ValueError(f"{name}: expected a scalar or {batch} values, got shape {arr.shape}")
+    _check_values(arr, view.dtype, name)
+    view[:batch] = arr
+
+
+def _check_values(arr: np.ndarray, dtype: np.dtype, name: str) -> None:
+    """Refuses what numpy's assignment would silently change: strings and bools, fractional
+    values for an integer field, and integers outside its range (they would wrap)."""
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected numbers, got {arr.dtype} values")
+    if dtype.kind not in "iu":
+        return
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr == np.floor(arr))):
+        raise ValueError(f"{name}: expected integers, got {arr.reshape(-1)[:8].tolist()}")
+    info = np.iinfo(dtype)
+    values = [int(v) for v in arr.reshape(-1).tolist()]
+    bad = [v for v in values if not info.min <= v <= info.max]
+    if bad:
+        raise ValueError(f"{name}: expected integers in [{info.min}, {info.max}], got {bad[0]}")
