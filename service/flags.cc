@@ -53,6 +53,10 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, shm_prefix, "/samplerd-",
           "Required start of host shared-memory keys in RegisterRegion (a '/' and at least one "
           "more character, no further '/' or \"..\"). Keys are refused otherwise.");
+ABSL_FLAG(int64_t, max_regions, 4096,
+          "Most regions registered at once (RegisterRegion); one more is RESOURCE_EXHAUSTED until "
+          "one is unregistered. Each host shm region is a mapping of its own and the kernel "
+          "limits a process's mappings (vm.max_map_count). 0 = no limit.");
 ABSL_FLAG(bool, allow_remote_regions, false,
           "Serve RegisterRegion, UnregisterRegion, ListRegions and requests that name a region "
           "to TCP clients too. By default only clients on a unix socket may use regions.");
@@ -178,6 +182,11 @@ absl::StatusOr<ProcessOptions> OptionsFromFlags() {
   RETURN_IF_ERROR(LimitsFromFlags(&options.server.max_message_bytes, &options.core.limits));
   options.core.regions.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   RETURN_IF_ERROR(core::ValidateShmPrefix(options.core.regions.shm_prefix));
+  options.core.regions.max_regions = absl::GetFlag(FLAGS_max_regions);
+  if (options.core.regions.max_regions < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected --max_regions >= 0 (0 = no limit), got ", options.core.regions.max_regions));
+  }
 
   RETURN_IF_ERROR(SessionsFromFlags(&options.core.sessions));
 

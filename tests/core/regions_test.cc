@@ -146,6 +146,27 @@ TEST_F(HostRegions, AConfiguredPrefixIsRequired) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(HostRegions, RegistrationsPastMaxRegionsAreResourceExhausted) {
+  ASSERT_TRUE(shm_.ok());
+  RegionOptions options;
+  options.max_regions = 2;
+  RegionRegistry capped(options, nullptr, {});
+  ASSERT_TRUE(capped.RegisterHostShm("a", shm_.key(), 0, 4096).ok());
+  ASSERT_TRUE(capped.RegisterHostShm("b", shm_.key(), 0, 4096).ok());
+  absl::StatusOr<RegionInfo> third = capped.RegisterHostShm("c", shm_.key(), 0, 4096);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.status().message()),
+              HasSubstr("expected at most 2 registered regions (--max_regions), got a request for "
+                        "one more"));
+  EXPECT_THAT(std::string(third.status().message()), Not(HasSubstr(shm_.key())));
+  EXPECT_THAT(Names(capped.List()), ElementsAre("a", "b"));
+  // A name taken is still ALREADY_EXISTS, and an unregister makes room again.
+  EXPECT_EQ(capped.RegisterHostShm("a", shm_.key(), 0, 4096).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(capped.Unregister("a").ok());
+  EXPECT_TRUE(capped.RegisterHostShm("c", shm_.key(), 0, 4096).ok());
+}
+
 TEST_F(HostRegions, AReadOnlyObjectGivesAReadOnlyView) {
   TestShm readonly(4096, 0444);
   ASSERT_TRUE(readonly.ok());

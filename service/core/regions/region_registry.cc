@@ -72,6 +72,13 @@ absl::Status NotRegistered(absl::string_view name) {
                                           "\", which is not (ListRegions lists them)"));
 }
 
+absl::Status TooMany(int64_t max_regions) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("expected at most ", max_regions,
+                   " registered regions (--max_regions), got a request for one more: unregister "
+                   "regions that are no longer used"));
+}
+
 absl::Status Taken(absl::string_view name) {
   return absl::AlreadyExistsError(
       absl::StrCat("expected a new region name, got \"", name, "\", which is registered already"));
@@ -101,6 +108,14 @@ struct RegionRegistry::State {
         ipc(i),
         devices(std::move(d)),
         watcher([this](uint64_t token) { OnOwnerExit(token); }) {}
+
+  // OK while one more region may be registered (mu held), else RESOURCE_EXHAUSTED.
+  absl::Status CheckRoomLocked() const {
+    if (options.max_regions > 0 && static_cast<int64_t>(registered.size()) >= options.max_regions) {
+      return TooMany(options.max_regions);
+    }
+    return absl::OkStatus();
+  }
 
   // Takes `holder` out of use after its removal from `registered` (mu held): stops watching its
   // owner, and returns it when the caller must close it now (no lease), else keeps it in
@@ -281,6 +296,7 @@ absl::Status RegionRegistry::Insert(std::shared_ptr<RegionLease::Holder> holder,
   std::lock_guard<std::mutex> lock(state_->mu);
   const std::string& name = holder->info.name;
   if (state_->registered.count(name) != 0) return Taken(name);
+  RETURN_IF_ERROR(state_->CheckRoomLocked());
   holder->info.owner_pid = owner_pid > 0 ? owner_pid : 0;
   if (owner_pid > 0) {
     // Under mu: an exit reported at once (a dead owner) finds the region registered.
@@ -307,6 +323,7 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterHostShm(const std::string& na
   {
     std::lock_guard<std::mutex> lock(state_->mu);  // fail early; Insert decides for good
     if (state_->registered.count(name) != 0) return Taken(name);
+    RETURN_IF_ERROR(state_->CheckRoomLocked());
   }
   ASSIGN_OR_RETURN(HostShmMapping shm, MapHostShm(key, offset, byte_size));
   auto holder = std::make_shared<RegionLease::Holder>();
@@ -363,6 +380,7 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterGpuIpc(const std::string& nam
   {
     std::lock_guard<std::mutex> lock(state_->mu);  // fail early, before opening the handle
     if (state_->registered.count(name) != 0) return Taken(name);
+    RETURN_IF_ERROR(state_->CheckRoomLocked());
   }
   const IpcKey key{match->ordinal, parsed};
   ASSIGN_OR_RETURN(const IpcMapping mapping, state_->RetainIpc(key));

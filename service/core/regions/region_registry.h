@@ -81,6 +81,10 @@ class RegionLease {
 
 struct RegionOptions {
   std::string shm_prefix = "/samplerd-";  // required start of host shm keys
+  // Most regions registered at once (--max_regions; 0 = no limit): one more is
+  // RESOURCE_EXHAUSTED before anything is mapped or opened. Each host shm region is a mapping of
+  // its own, and the kernel's map count (vm.max_map_count, ~65,530) is process-wide.
+  int64_t max_regions = 4096;
 };
 
 // A GPU device the registry may open IPC handles on.
