@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "service/core/idle_trimmer.h"
 #include "service/core/sampler_core.h"
 #include "service/flags.h"
 #include "service/grpc/protobuf_log.h"
@@ -132,6 +133,10 @@ int main(int argc, char** argv) {
     Log(absl::StrCat("metrics on http://", options->metrics_address, ":", exporter->port(),
                      "/metrics"));
   }
+  // Gives the memory a burst of requests freed back to the system once the server is idle
+  // (service/core/idle_trimmer.h); stopped before the core.
+  auto trimmer = std::make_unique<samplerd::core::IdleTrimmer>(samplerd::core::IdleTrimmer::Hooks{
+      [&core] { return (*core)->admitted(); }, [&core] { return (*core)->admissions(); }, nullptr});
   (*server)->SetServing(true);
 
   int signal_number = 0;
@@ -166,6 +171,7 @@ int main(int argc, char** argv) {
   if (drained) (*core)->CloseRegions();
   // Also a fault during a SIGTERM drain: the device needs a new process either way.
   const bool faulted = (*core)->faulted();
+  trimmer.reset();
   server->reset();
   core->reset();
   exporter.reset();  // after the core: its last requests are still counted

@@ -118,6 +118,7 @@ absl::Status SamplerCore::Admit() {
                                                        " (--max_inflight); retry later"));
     }
     ++admitted_;
+    ++admissions_;
     ++in_flight_;
   }
   if (options_.metrics != nullptr) options_.metrics->AddInflight(1);
@@ -266,6 +267,11 @@ void SamplerCore::Finish() {
 int64_t SamplerCore::admitted() const {
   std::lock_guard<std::mutex> lock(mu_);
   return admitted_;
+}
+
+uint64_t SamplerCore::admissions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return admissions_;
 }
 
 bool SamplerCore::Drain(absl::Time deadline) {

@@ -86,6 +86,8 @@ class SamplerCore {
   // Sampling requests and stream steps admitted and not yet answered (what max_inflight
   // bounds).
   int64_t admitted() const;
+  // Requests and stream steps admitted since start (a change means activity; IdleTrimmer).
+  uint64_t admissions() const;
 
   // True once the backend has faulted for good (see CoreOptions::on_fatal).
   bool faulted() const { return faulted_.load(std::memory_order_acquire); }
@@ -139,8 +141,9 @@ class SamplerCore {
   mutable std::mutex mu_;
   absl::Status fault_;  // guarded by mu_: the status of the request that faulted
   std::condition_variable idle_cv_;
-  int64_t admitted_ = 0;   // guarded by mu_: admitted, not yet answered (max_inflight)
-  int64_t in_flight_ = 0;  // guarded by mu_: admitted, callback not yet returned (Drain)
+  int64_t admitted_ = 0;     // guarded by mu_: admitted, not yet answered (max_inflight)
+  uint64_t admissions_ = 0;  // guarded by mu_: admitted since start
+  int64_t in_flight_ = 0;    // guarded by mu_: admitted, callback not yet returned (Drain)
   // options_.gpu_ipc, counting its opens when options_.metrics is set. Before regions_ and
   // events_, which use it.
   std::shared_ptr<GpuIpc> gpu_ipc_;
