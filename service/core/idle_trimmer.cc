@@ -39,12 +39,11 @@ void IdleTrimmer::Loop(uint64_t seen) {
     if (stop_) break;
     lock.unlock();
     const uint64_t now = hooks_.admissions();
-    if (now != seen) {
+    bool trimmed = false;
+    if (now != seen) {  // activity during this interval: not idle yet
       seen = now;
       trims_left = kTrimsPerIdlePeriod;
-    }
-    bool trimmed = false;
-    if (trims_left > 0 && hooks_.in_flight() == 0) {
+    } else if (trims_left > 0 && hooks_.in_flight() == 0) {
       hooks_.trim();
       --trims_left;
       trimmed = true;

@@ -4,9 +4,11 @@
 // ~3 GB resident in its per-thread arenas (64 MB heaps) after every request had ended, and the
 // allocator reused it but never returned it. malloc_trim(0) returns it (measured: 2989 MB ->
 // 43 MB). IdleTrimmer calls it from a thread of its own, never on the request path, at most once
-// per interval, and only while the server is idle after some activity: on the first few idle
-// ticks after the last admission (buffers a cancelled stream held may be freed a little after
-// its last answer), then not again until a new request comes in.
+// per interval, and only while the server is idle after some activity: on the first few ticks
+// that end a whole interval with no admission and nothing in flight (buffers a cancelled stream
+// held may be freed a little after its last answer), then not again until a new request comes
+// in. A busy server is never trimmed: malloc_trim locks each arena while it walks it, which
+// would stall the threads allocating for a request.
 #ifndef SAMPLERD_SERVICE_CORE_IDLE_TRIMMER_H_
 #define SAMPLERD_SERVICE_CORE_IDLE_TRIMMER_H_
 
@@ -31,7 +33,8 @@ class IdleTrimmer {
     std::function<void()> trim;
   };
 
-  // Idle ticks after the last activity on which memory is trimmed.
+  // Quiet ticks (no admission during the interval, nothing in flight) after activity on which
+  // memory is trimmed.
   static constexpr int kTrimsPerIdlePeriod = 3;
 
   // Starts the thread: it checks every `interval`.

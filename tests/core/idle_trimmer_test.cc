@@ -1,5 +1,6 @@
-// IdleTrimmer: memory is trimmed on the first idle ticks after activity, never while requests
-// are in flight, and not again until new activity; SamplerCore counts its admissions for it.
+// IdleTrimmer: memory is trimmed on the first quiet ticks after activity, never while requests
+// are in flight or arriving, and not again until new activity; SamplerCore counts its admissions
+// for it.
 #include "service/core/idle_trimmer.h"
 
 #include <gtest/gtest.h>
@@ -59,6 +60,22 @@ TEST(IdleTrimmer, TrimsWhenTheServerGoesIdleAfterActivityThenStops) {
   // New activity that has ended by the next tick is trimmed after again.
   server.admissions = 6;
   ASSERT_TRUE(WaitFor([&] { return server.trims.load() == 2 * IdleTrimmer::kTrimsPerIdlePeriod; }));
+}
+
+TEST(IdleTrimmer, ABusyServerIsNotTrimmedBetweenRequests) {
+  // A decode loop: requests admitted back to back, each answered before the next, so nothing is
+  // in flight at most ticks. Trimming then would stall its allocations. (50 ms ticks: the loop
+  // below would have to be descheduled for a whole tick to look idle.)
+  FakeServer server;
+  IdleTrimmer trimmer(server.Hooks(), absl::Milliseconds(50));
+  const absl::Time end = absl::Now() + absl::Milliseconds(300);
+  while (absl::Now() < end) {
+    server.admissions.fetch_add(1);
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(server.trims.load(), 0);
+  // The loop has stopped: the next quiet ticks trim.
+  ASSERT_TRUE(WaitFor([&] { return server.trims.load() == IdleTrimmer::kTrimsPerIdlePeriod; }));
 }
 
 TEST(IdleTrimmer, TheDefaultTrimIsGlibcsAndStopsPromptly) {
