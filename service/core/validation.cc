@@ -126,6 +126,16 @@ absl::Status ValidateSources(const SampleRequest& request) {
 
 }  // namespace
 
+absl::StatusOr<int64_t> ExpectedInlineBytes(const SampleRequest& request, const Limits& limits) {
+  if (!request.dtype.has_value()) {
+    return Invalid("logits.dtype DTYPE_FP32, DTYPE_FP16 or DTYPE_BF16", "DTYPE_UNSPECIFIED");
+  }
+  RETURN_IF_ERROR(ValidateShape(request, limits));
+  const int64_t vocab = request.shape[1];
+  return InlineBytes(*request.dtype, request.shape[0], vocab,
+                     request.row_stride == 0 ? vocab : request.row_stride);
+}
+
 absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& request,
                                                      const Limits& limits,
                                                      absl::FunctionRef<uint64_t()> next_seed) {
@@ -133,10 +143,7 @@ absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& reques
     return Invalid(absl::StrCat("request_id of at most ", limits.max_request_id_bytes, " bytes"),
                    absl::StrCat(request.request_id.size(), " bytes"));
   }
-  if (!request.dtype.has_value()) {
-    return Invalid("logits.dtype DTYPE_FP32, DTYPE_FP16 or DTYPE_BF16", "DTYPE_UNSPECIFIED");
-  }
-  RETURN_IF_ERROR(ValidateShape(request, limits));
+  RETURN_IF_ERROR(ExpectedInlineBytes(request, limits).status());
 
   ValidatedBatch out;
   out.dtype = *request.dtype;

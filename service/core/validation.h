@@ -26,6 +26,11 @@ absl::StatusOr<ValidatedBatch> ValidateSampleRequest(const SampleRequest& reques
                                                      const Limits& limits,
                                                      absl::FunctionRef<uint64_t()> next_seed);
 
+// The byte count of `request`'s logits as inline data (InlineBytes of its dtype and shape), with
+// the same errors as ValidateSampleRequest for the dtype and the shape (limits included). Lets a
+// transport that assembles a step from pieces refuse it, or bound it, before collecting it.
+absl::StatusOr<int64_t> ExpectedInlineBytes(const SampleRequest& request, const Limits& limits);
+
 }  // namespace samplerd::core
 
 #endif  // SAMPLERD_SERVICE_CORE_VALIDATION_H_

@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "service/core/model/status_macros.h"
+#include "service/core/validation.h"
 #include "service/grpc/convert.h"
 #include "service/grpc/peer.h"
 #include "service/grpc/raw_message.h"
@@ -79,6 +81,9 @@ void SampleStreamReactor::HandleMessageLocked() {
         raw->error = absl::InvalidArgumentError(
             "expected inline logits for a chunked step, got logits.region");
       }
+      // The shape and dtype are known now: a step over the server's limits is refused before
+      // its chunks are collected, and the rest are bounded by the bytes the shape needs.
+      if (raw->error.ok()) raw->error = ExpectStepBytesLocked(raw);
       assembling_ = raw;
       return;
     }
@@ -92,10 +97,10 @@ void SampleStreamReactor::HandleMessageLocked() {
         "expected a chunk continuing the step in progress, got a new `request`");
   } else if (step->error.ok()) {
     std::string* data = step->message.mutable_request()->mutable_logits()->mutable_inline_data();
-    const int64_t limit = kMaxStepBytes;
-    if (static_cast<int64_t>(data->size() + read_.chunk().size()) > limit) {
-      step->error = absl::ResourceExhaustedError(
-          absl::StrCat("expected a chunked step of at most ", limit, " bytes, got more"));
+    if (static_cast<int64_t>(data->size() + read_.chunk().size()) > step->expected_bytes) {
+      step->error = absl::InvalidArgumentError(
+          absl::StrCat("expected ", step->expected_bytes,
+                       " bytes of logits for the step's shape and dtype in its chunks, got more"));
       data->clear();
     } else {
       data->append(read_.chunk());
@@ -105,6 +110,18 @@ void SampleStreamReactor::HandleMessageLocked() {
     assembling_ = nullptr;
     SubmitLocked(step);
   }
+}
+
+absl::Status SampleStreamReactor::ExpectStepBytesLocked(Step* step) {
+  core::SampleRequest request;
+  RETURN_IF_ERROR(FromProto(step->message.request(), &request));
+  ASSIGN_OR_RETURN(step->expected_bytes, core::ExpectedInlineBytes(request, core_->limits()));
+  if (step->expected_bytes > kMaxStepBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("expected a chunked step of at most ",
+                                                     kMaxStepBytes, " bytes, got a shape of ",
+                                                     step->expected_bytes, " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 void SampleStreamReactor::SubmitLocked(Step* step) {

@@ -51,12 +51,16 @@ class SampleStreamReactor final
   struct Step {
     v1::SampleStreamRequest message;  // owns the logits bytes while the step is sampled
     v1::SampleStreamResponse response;
-    absl::Status error;  // set while assembling: the step fails once its last chunk arrives
-    bool ready = false;  // `response` is final
+    absl::Status error;          // set while assembling: the step fails once its last chunk arrives
+    int64_t expected_bytes = 0;  // a chunked step's logits bytes, from its shape and dtype
+    bool ready = false;          // `response` is final
   };
 
   // Handles the message in read_ (mu_ held).
   void HandleMessageLocked();
+  // Reads a chunked step's shape and dtype from its first message into `step->expected_bytes`;
+  // an error (a shape over the server's limits or over kMaxStepBytes) fails the step.
+  absl::Status ExpectStepBytesLocked(Step* step);
   // Starts sampling `step` (mu_ held; the step is already queued in steps_).
   void SubmitLocked(Step* step);
   // Marks `step` answered with `status` (mu_ held).

@@ -1,5 +1,6 @@
 // SampleStream through samplerd::SampleSession: order, request ids, a bad step in the middle,
 // chunked steps, and agreement with unary Sample.
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,96 @@ TEST_F(SampleStream, StepAfterCloseFailsWithoutSending) {
   EXPECT_EQ(session->Step(RotatedGreedyStep(0, &expected), &response).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_TRUE(session->Close().ok());  // idempotent
+}
+
+// A server with a small vocabulary limit, to which chunked steps are sent message by message.
+class ChunkedStepLimits : public ServerSuite {
+ protected:
+  static constexpr int kMaxVocab = 4096;
+  static constexpr int kChunkBytes = 64 << 10;
+
+  static void SetUpTestSuite() {
+    ServerProcess::Options options = CpuServerOptions();
+    options.extra_args.push_back("--max_vocab=" + std::to_string(kMaxVocab));
+    StartServer(options);
+  }
+
+  using RawStream = grpc::ClientReaderWriter<v1::SampleStreamRequest, v1::SampleStreamResponse>;
+
+  // Sends one step of shape [1, vocab] fp32 whose chunks hold `bytes` bytes in all (the first
+  // message carries none), and returns its answer.
+  static v1::SampleStreamResponse SendChunkedStep(RawStream* stream, int64_t vocab, int64_t bytes) {
+    v1::SampleStreamRequest first;
+    v1::Tensor* logits = first.mutable_request()->mutable_logits();
+    logits->set_dtype(v1::DTYPE_FP32);
+    logits->add_shape(1);
+    logits->add_shape(vocab);
+    logits->set_inline_data("");
+    first.set_more_chunks(true);
+    EXPECT_TRUE(stream->Write(first));
+    const std::string chunk(kChunkBytes, '\0');
+    for (int64_t sent = 0; sent < bytes; sent += kChunkBytes) {
+      v1::SampleStreamRequest next;
+      next.set_chunk(
+          chunk.substr(0, static_cast<size_t>(std::min<int64_t>(kChunkBytes, bytes - sent))));
+      next.set_more_chunks(sent + kChunkBytes < bytes);
+      EXPECT_TRUE(stream->Write(next));
+    }
+    v1::SampleStreamResponse response;
+    EXPECT_TRUE(stream->Read(&response));
+    return response;
+  }
+
+  // The server's peak resident memory (VmHWM), in bytes; -1 where /proc does not say.
+  int64_t ServerPeakRss() {
+    std::ifstream status("/proc/" + std::to_string(server().pid()) + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    }
+    return -1;
+  }
+};
+
+TEST_F(ChunkedStepLimits, StepOverTheVocabLimitIsRefusedWithoutCollectingItsChunks) {
+  std::unique_ptr<v1::SamplerService::Stub> stub = v1::SamplerService::NewStub(
+      grpc::CreateChannel(server().target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  std::unique_ptr<RawStream> stream = stub->SampleStream(&context);
+  const int64_t peak_before = ServerPeakRss();
+  ASSERT_GT(peak_before, 0);
+
+  // 128 MiB of chunks for a step whose shape the server refuses at its first message.
+  const int64_t sent = int64_t{128} << 20;
+  const v1::SampleStreamResponse refused = SendChunkedStep(stream.get(), sent / 4, sent);
+  EXPECT_EQ(refused.status().code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(MentionsAny(refused.status().message(), {std::to_string(kMaxVocab)}))
+      << refused.status().message();
+  // The chunks were dropped as they arrived: the peak grew by far less than what was sent.
+  EXPECT_LT(ServerPeakRss() - peak_before, sent / 4)
+      << "peak RSS " << peak_before << " -> " << ServerPeakRss();
+
+  // The stream keeps serving: a step within the limits is sampled.
+  const v1::SampleStreamResponse ok = SendChunkedStep(stream.get(), 1000, 4000);
+  EXPECT_EQ(ok.status().code(), 0) << ok.status().message();
+  EXPECT_EQ(ok.response().token_ids_size(), 1);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ChunkedStepLimits, ChunksBeyondTheShapesBytesAreRefused) {
+  std::unique_ptr<v1::SamplerService::Stub> stub = v1::SamplerService::NewStub(
+      grpc::CreateChannel(server().target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  std::unique_ptr<RawStream> stream = stub->SampleStream(&context);
+  const v1::SampleStreamResponse refused = SendChunkedStep(stream.get(), 1000, 5000);
+  EXPECT_EQ(refused.status().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(MentionsAny(refused.status().message(), {"expected 4000 bytes"}))
+      << refused.status().message();
+  const v1::SampleStreamResponse ok = SendChunkedStep(stream.get(), 1000, 4000);
+  EXPECT_EQ(ok.status().code(), 0) << ok.status().message();
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 }  // namespace
