@@ -55,6 +55,10 @@ int Fail(const std::string& what, const absl::Status& status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write to a closed pipe or socket must fail with EPIPE, not kill the server: when the
+  // reader of its stderr is gone (a log collector that died, `run.sh | tee` ended), the log line
+  // SIGTERM writes would otherwise end the process before it drains and removes its socket.
+  signal(SIGPIPE, SIG_IGN);
   samplerd::SetUpFlagsUsage();
   absl::ParseCommandLine(argc, argv);
 

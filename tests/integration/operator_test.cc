@@ -1,0 +1,166 @@
+// The real binary as an operator meets it: what it prints and how it exits for bad command lines
+// and unusable listen addresses, and how it stops on signals.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/integration/integration_fixture.h"
+
+namespace samplerd::integration {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// A private directory removed with everything in it.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string dir = std::filesystem::temp_directory_path().string() + "/samplerd-op-XXXXXX";
+    if (mkdtemp(dir.data()) != nullptr) path_ = dir;
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// samplerd run as a child with its stdout and stderr on one pipe that this process reads (and
+// may close, as a log collector that dies would).
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return;
+    std::vector<std::string> argv_storage = {SAMPLERD_BINARY};
+    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : argv_storage) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], 1);
+      dup2(fds[1], 2);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_fd_ = fds[0];
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    CloseOutput();
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  bool started() const { return pid_ > 0 && out_fd_ >= 0; }
+
+  // Reads the child's output until it holds `text` (true), or until EOF or `timeout` (false).
+  bool WaitForOutput(const std::string& text, milliseconds timeout = milliseconds(20000)) {
+    const auto deadline = Clock::now() + timeout;
+    while (output_.find(text) == std::string::npos) {
+      if (!ReadSome(deadline)) return false;
+    }
+    return true;
+  }
+
+  // The reader goes away: the child's next write to stdout or stderr raises SIGPIPE.
+  void CloseOutput() {
+    if (out_fd_ >= 0) close(out_fd_);
+    out_fd_ = -1;
+  }
+
+  void Signal(int signal_number) { kill(pid_, signal_number); }
+
+  // Waits for the child to exit, reading its output meanwhile. Returns its exit code, 128 + N
+  // when signal N ended it, or -1 when it outlived `timeout` (it is then killed).
+  int Wait(milliseconds timeout = milliseconds(20000)) {
+    const auto deadline = Clock::now() + timeout;
+    while (out_fd_ >= 0 && ReadSome(deadline)) {
+    }
+    int status = 0;
+    while (true) {
+      const pid_t done = waitpid(pid_, &status, WNOHANG);
+      if (done == pid_) break;
+      if (Clock::now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+        return -1;
+      }
+      usleep(10'000);
+    }
+    pid_ = -1;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
+  }
+
+  const std::string& output() const { return output_; }
+
+ private:
+  // Appends what the pipe has; false at EOF, on error or at the deadline.
+  bool ReadSome(Clock::time_point deadline) {
+    if (out_fd_ < 0) return false;
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p = {out_fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    char buffer[4096];
+    const ssize_t n = read(out_fd_, buffer, sizeof(buffer));
+    if (n <= 0) {
+      CloseOutput();
+      return false;
+    }
+    output_.append(buffer, static_cast<size_t>(n));
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::string output_;
+};
+
+std::vector<std::string> CpuArgs(const std::string& listen) {
+  return {"--listen=" + listen, "--backend=cpu", "--threads=2", "--grace_period=2s"};
+}
+
+TEST(Signals, AGoneLogReaderDoesNotKillTheServerOnItsNextLogLine) {
+  // The log collector (a pipe's reader) exits; the server's next log line, the one SIGTERM
+  // writes, must not kill it by SIGPIPE before it drains and removes its socket.
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string socket = scratch.path() + "/s.sock";
+  Child child(CpuArgs("unix://" + socket));
+  ASSERT_TRUE(child.started());
+  ASSERT_TRUE(child.WaitForOutput("listening on")) << child.output();
+  child.CloseOutput();
+  child.Signal(SIGTERM);
+  EXPECT_EQ(child.Wait(), 0) << "128 + 13: killed by SIGPIPE";
+  EXPECT_FALSE(Exists(socket)) << "the socket file stayed behind";
+}
+
+}  // namespace
+}  // namespace samplerd::integration
