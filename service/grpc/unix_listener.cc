@@ -59,6 +59,48 @@ absl::Status MakeSocketDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
+// Makes `path` free for a new socket: nothing there, or a socket no server listens on any more
+// (a killed server's), which is removed. A socket a server still accepts on is refused, like a
+// TCP port another process holds: replacing it would leave that server running, unreachable.
+// So are a directory or another file (never removed) and an old socket that cannot be removed.
+absl::Status FreeSocketPath(const std::string& address, const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return absl::OkStatus();  // nothing there (or bind says)
+  if (S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expected a socket path for --listen=", address, ", got the directory ", path,
+                     " (name the socket inside it, e.g. unix://", path, "/samplerd.sock)"));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expected nothing or an old socket at ", path, " for --listen=", address,
+                     ", got a ", S_ISREG(st.st_mode) ? "regular file" : "file of another type",
+                     " (samplerd replaces only sockets)"));
+  }
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());  // the caller checked the length
+  const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (probe >= 0) {
+    const int connected = connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+    const int error = errno;
+    close(probe);
+    // A full backlog (EAGAIN) is a live server too.
+    if (connected == 0 || error == EAGAIN || error == EINPROGRESS) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("expected no server listening on ", path, " for --listen=", address,
+                       ", got one accepting connections (another samplerd? stop it, or choose "
+                       "another path)"));
+    }
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::FailedPreconditionError(absl::StrCat("expected to remove the old socket ", path,
+                                                      " for --listen=", address,
+                                                      ", got: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsUnixAddress(absl::string_view address) {
@@ -93,8 +135,8 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
     if (!path.empty()) {
       absl::Status made = MakeSocketDirectory(path);
       if (!made.ok()) return made;
-      struct stat st;
-      if (stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(path.c_str());
+      absl::Status freed = FreeSocketPath(address, path);
+      if (!freed.ok()) return freed;
     }
     Socket socket_info;
     socket_info.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -143,6 +146,15 @@ class Child {
   std::string output_;
 };
 
+// Runs samplerd with `args` to its exit; returns the exit code and stores its output.
+int RunToExit(const std::vector<std::string>& args, std::string* output) {
+  Child child(args);
+  if (!child.started()) return -1;
+  const int code = child.Wait(milliseconds(10000));
+  *output = child.output();
+  return code;
+}
+
 std::vector<std::string> CpuArgs(const std::string& listen) {
   return {"--listen=" + listen, "--backend=cpu", "--threads=2", "--grace_period=2s"};
 }
@@ -160,6 +172,76 @@ TEST(Signals, AGoneLogReaderDoesNotKillTheServerOnItsNextLogLine) {
   child.Signal(SIGTERM);
   EXPECT_EQ(child.Wait(), 0) << "128 + 13: killed by SIGPIPE";
   EXPECT_FALSE(Exists(socket)) << "the socket file stayed behind";
+}
+
+// A socket file at `path` that no server listens on, as a SIGKILLed server leaves it.
+bool MakeStaleSocket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (fd < 0 || path.size() >= sizeof(addr.sun_path)) return false;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const bool bound = bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return bound;
+}
+
+TEST(Listen, ASecondServerOnALiveSocketFailsStartupAndTheFirstKeepsServing) {
+  std::string error;
+  std::unique_ptr<ServerProcess> first = ServerProcess::Start(CpuServerOptions(), &error);
+  ASSERT_NE(first, nullptr) << error;
+  std::string output;
+  EXPECT_EQ(RunToExit(CpuArgs(first->target()), &output), 2) << output;
+  EXPECT_TRUE(MentionsAny(output, {"expected no server listening on"})) << output;
+
+  // The first server's socket is still its own: a new connection reaches it.
+  Client client(first->target());
+  const GreedyCase c = KnownGreedyBatch();
+  v1::SampleResponse response;
+  const grpc::Status status = client.Sample(c.logits.Request({Greedy()}), &response);
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  EXPECT_EQ(first->Stop(), 0) << first->Log();
+}
+
+TEST(Listen, TheSameSocketTwiceInListenFailsStartup) {
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string address = "unix://" + scratch.path() + "/s.sock";
+  std::string output;
+  EXPECT_EQ(RunToExit(CpuArgs(address + "," + address), &output), 2) << output;
+  EXPECT_TRUE(MentionsAny(output, {"expected no server listening on"})) << output;
+}
+
+TEST(Listen, AStaleSocketOfAKilledServerIsReplacedAndRemovedAtExit) {
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string socket = scratch.path() + "/s.sock";
+  ASSERT_TRUE(MakeStaleSocket(socket));
+  Child child(CpuArgs("unix://" + socket));
+  ASSERT_TRUE(child.started());
+  ASSERT_TRUE(child.WaitForOutput("listening on")) << child.output();
+  child.Signal(SIGTERM);
+  EXPECT_EQ(child.Wait(), 0) << child.output();
+  EXPECT_FALSE(Exists(socket));
+}
+
+TEST(Listen, ARegularFileOrADirectoryAtTheSocketPathFailsStartupAndIsKept) {
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string file = scratch.path() + "/config.yaml";
+  {
+    std::ofstream out(file);
+    out << "keep me\n";
+  }
+  std::string output;
+  EXPECT_EQ(RunToExit(CpuArgs("unix://" + file), &output), 2) << output;
+  EXPECT_TRUE(MentionsAny(output, {"got a regular file"})) << output;
+  std::ifstream in(file);
+  std::string line;
+  EXPECT_TRUE(std::getline(in, line) && line == "keep me") << "the file was replaced";
+
+  EXPECT_EQ(RunToExit(CpuArgs("unix://" + scratch.path()), &output), 2) << output;
+  EXPECT_TRUE(MentionsAny(output, {"got the directory " + scratch.path()})) << output;
 }
 
 }  // namespace
