@@ -3,7 +3,10 @@
 // seeded draws, an invalid parameter row, the client's own checks, close, and a server killed
 // mid-session (the pending wait ends with ABORTED, no hang).
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
@@ -154,6 +157,48 @@ TEST_F(CppDeviceSession, OpenWithZeroMaxBatchIsRejectedByTheClient) {
   EXPECT_EQ(status.error_code(), C::INVALID_ARGUMENT);
   EXPECT_TRUE(MentionsAny(status.error_message(), {"max_batch"}));
   EXPECT_EQ(session, nullptr);
+}
+
+// Options the server would refuse at open are refused before the session sizes its shm object
+// by them (max_batch 100,000 x V 151,936 fp32 would be a 60 GB object, zeroed whole). A
+// directory under the session's key makes any attempt to create the object fail, so the
+// message shows which check came first.
+TEST_F(CppDeviceSession, OptionsOverTheServerLimitsAreRefusedBeforeAnythingIsAllocated) {
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(client_->GetServerInfo(&info).ok());
+  const int64_t max_batch = info.limits().max_batch(), max_vocab = info.limits().max_vocab();
+  const std::string key = "/samplerd-cpp-ds-limits-" + std::to_string(getpid());
+  ASSERT_EQ(mkdir(("/dev/shm" + key).c_str(), 0700), 0) << std::strerror(errno);
+  struct Case {
+    uint32_t max_batch, vocab;
+    uint64_t row_stride;
+    C code;
+    std::string message;
+  };
+  const Case cases[] = {
+      {static_cast<uint32_t>(max_batch + 1), kVocab, 0, C::RESOURCE_EXHAUSTED,
+       "expected max_batch <= " + std::to_string(max_batch) + " (server limit), got " +
+           std::to_string(max_batch + 1)},
+      {kMaxBatch, static_cast<uint32_t>(max_vocab + 1), 0, C::RESOURCE_EXHAUSTED,
+       "expected vocabulary size V <= " + std::to_string(max_vocab) + " (server limit), got " +
+           std::to_string(max_vocab + 1)},
+      {kMaxBatch, kVocab, uint64_t{1} << 60, C::INVALID_ARGUMENT,
+       "expected row_stride <= " + std::to_string(max_vocab * 16) + ", got " +
+           std::to_string(uint64_t{1} << 60)},
+  };
+  for (const Case& c : cases) {
+    DeviceSessionOptions options = HostOptions();
+    options.max_batch = c.max_batch;
+    options.vocab = c.vocab;
+    options.row_stride = c.row_stride;
+    options.shm_key = key;
+    std::unique_ptr<DeviceSession> session;
+    const grpc::Status status = DeviceSession::Open(client_.get(), options, &session);
+    EXPECT_EQ(status.error_code(), c.code) << status.error_message();
+    EXPECT_EQ(status.error_message(), c.message);
+    EXPECT_EQ(session, nullptr);
+  }
+  EXPECT_EQ(rmdir(("/dev/shm" + key).c_str()), 0) << std::strerror(errno);
 }
 
 // Its own server, killed mid-session.

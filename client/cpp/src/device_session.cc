@@ -60,6 +60,36 @@ GpuVendor ToVendor(GpuRuntime runtime) {
   return GpuVendor::kAuto;
 }
 
+// The server's own open checks on the sizes (SessionManager::Prepare), with its codes and
+// messages, made before the client sizes the shm object by them.
+grpc::Status CheckServerLimits(const DeviceSessionOptions& o, const v1::Limits& limits) {
+  if (o.max_batch > static_cast<uint64_t>(limits.max_batch())) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        "expected max_batch <= " + std::to_string(limits.max_batch()) +
+                            " (server limit), got " + std::to_string(o.max_batch));
+  }
+  if (o.vocab > static_cast<uint64_t>(limits.max_vocab())) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        "expected vocabulary size V <= " + std::to_string(limits.max_vocab()) +
+                            " (server limit), got " + std::to_string(o.vocab));
+  }
+  const uint64_t max_stride = static_cast<uint64_t>(limits.max_vocab()) * 16;
+  if (o.row_stride > max_stride) {
+    return Invalid("expected row_stride <= " + std::to_string(max_stride) + ", got " +
+                   std::to_string(o.row_stride));
+  }
+  const uint64_t max_entries = uint64_t{o.max_batch} * o.vocab;
+  for (const auto& [name, capacity] :
+       {std::pair<const char*, uint32_t>{"logit_bias_capacity", o.logit_bias_capacity},
+        {"token_history_capacity", o.token_history_capacity}}) {
+    if (capacity > max_entries) {
+      return Invalid(std::string("expected ") + name + " <= max_batch * vocab = " +
+                     std::to_string(max_entries) + ", got " + std::to_string(capacity));
+    }
+  }
+  return grpc::Status::OK;
+}
+
 const GpuStreamOps* Ops(const void* ops) { return static_cast<const GpuStreamOps*>(ops); }
 
 // Host-side atomic access to a control word shared with another process.
@@ -142,22 +172,25 @@ grpc::Status DeviceSession::Start(Client* client, const DeviceSessionOptions& op
         std::to_string(options.logit_bias_capacity) + " and " +
         std::to_string(options.token_history_capacity));
   }
-  if (options.token_bitmask || options.processors) {
+  // The server's limits are checked before anything is allocated: the host plane's shm object
+  // is sized by max_batch, vocab and row_stride and zeroed whole, so options the server would
+  // refuse at open could otherwise fill /dev/shm (and kill the engine) first.
+  v1::GetServerInfoResponse info;
+  grpc::Status status = client->GetServerInfo(&info);
+  if (!status.ok()) return status;
+  status = CheckServerLimits(options, info.limits());
+  if (!status.ok()) return status;
+  if ((options.token_bitmask || options.processors) && !info.device_sessions().processors()) {
     // A server without them ignores the buffers (proto3): refuse rather than skip them.
-    v1::GetServerInfoResponse info;
-    grpc::Status status = client->GetServerInfo(&info);
-    if (!status.ok()) return status;
-    if (!info.device_sessions().processors()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          "expected a server that applies device-session processors, got one "
-                          "without (GetServerInfo device_sessions.processors is false)");
-    }
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "expected a server that applies device-session processors, got one "
+                        "without (GetServerInfo device_sessions.processors is false)");
   }
   layout_ = ComputeDeviceSessionLayout(options);
   channel_ = client->channel();
   stub_ = v1::SamplerService::NewStub(channel_);
 
-  grpc::Status status =
+  status =
       options.plane == SessionPlane::kHost ? AllocateHostBuffers(client) : UseGpuBuffers(client);
   if (!status.ok()) return status;
 

@@ -164,8 +164,10 @@ class DeviceSession {
   // the control block's shm object. Returns OK and stores the
   // session in *session, or the server's code for the open (e.g. FAILED_PRECONDITION for a
   // plane it cannot serve), DEADLINE_EXCEEDED after options.open_timeout, INVALID_ARGUMENT
-  // for options the client can check itself, or FAILED_PRECONDITION when the options ask for
-  // processors and the server does not apply them (GetServerInfo device_sessions.processors).
+  // for options the client can check itself, RESOURCE_EXHAUSTED for a max_batch or vocab over
+  // the server's limits (GetServerInfo, asked first: nothing is allocated for such options), or
+  // FAILED_PRECONDITION when the options ask for processors and the server does not apply them
+  // (GetServerInfo device_sessions.processors).
   static grpc::Status Open(Client* client, const DeviceSessionOptions& options,
                            std::unique_ptr<DeviceSession>* session);
 
