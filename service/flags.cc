@@ -60,9 +60,10 @@ ABSL_FLAG(int64_t, max_regions, 4096,
 ABSL_FLAG(bool, allow_remote_regions, false,
           "Serve RegisterRegion, UnregisterRegion, ListRegions and requests that name a region "
           "to TCP clients too. By default only clients on a unix socket may use regions.");
-ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
-          "On SIGTERM/SIGINT or a backend fault: how long in-flight calls may take to finish "
-          "(e.g. 10s, 500ms). Health turns NOT_SERVING at once.");
+ABSL_FLAG(
+    absl::Duration, grace_period, absl::Seconds(10),
+    "On SIGTERM/SIGINT/SIGHUP or a backend fault: how long in-flight calls may take to finish "
+    "(e.g. 10s, 500ms). Health turns NOT_SERVING at once.");
 ABSL_FLAG(int32_t, health_port, 0,
           "TCP port of a second, plaintext gRPC listener that serves only grpc.health.v1.Health "
           "(Check, Watch) with the server's status: SERVING once ready, NOT_SERVING while "
@@ -166,8 +167,8 @@ void SetUpFlagsUsage() {
       "[--tls_client_ca=F]]\n"
       "Unix sockets are plaintext (their mode, 0660, says who may connect); TCP listeners use "
       "TLS with --tls_cert/--tls_key; the health and metrics ports are always plaintext.\n"
-      "Exit codes: 0 stopped by SIGTERM/SIGINT, 2 bad flags or startup failure, 3 backend fault "
-      "(restart the process).");
+      "Exit codes: 0 stopped by SIGTERM/SIGINT/SIGHUP, 2 bad flags or startup failure, 3 backend "
+      "fault (restart the process).");
   absl::FlagsUsageConfig config;
   config.contains_help_flags = IsThisFile;
   config.contains_helpshort_flags = IsThisFile;

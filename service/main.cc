@@ -1,6 +1,6 @@
 // samplerd: flags -> options, then parse -> init -> serve -> signal -> drain -> stop.
 //
-// Exit codes: 0 after SIGTERM/SIGINT and a drain; 2 when the flags are bad or startup fails;
+// Exit codes: 0 after SIGTERM/SIGINT/SIGHUP and a drain; 2 when the flags are bad or startup fails;
 // 3 after a sticky backend fault (e.g. a GPU error that poisons the context), so that the
 // orchestrator restarts the process.
 #include <pthread.h>
@@ -76,6 +76,9 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  // A hang-up (the terminal of a foreground run.sh closed) stops the server like SIGINT, with a
+  // drain and its socket removed, instead of killing it on the spot (SIGHUP's default).
+  sigaddset(&stop_signals, SIGHUP);
   sigaddset(&stop_signals, kFaultSignal);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
@@ -152,6 +155,7 @@ int main(int argc, char** argv) {
   const absl::Duration grace = options->grace_period;
   Log(absl::StrCat(signal_number == SIGTERM  ? "SIGTERM"
                    : signal_number == SIGINT ? "SIGINT"
+                   : signal_number == SIGHUP ? "SIGHUP"
                                              : "backend fault",
                    ": NOT_SERVING, draining (grace ", absl::FormatDuration(grace), ")"));
   (*server)->SetServing(false);

@@ -174,6 +174,20 @@ TEST(Signals, AGoneLogReaderDoesNotKillTheServerOnItsNextLogLine) {
   EXPECT_FALSE(Exists(socket)) << "the socket file stayed behind";
 }
 
+TEST(Signals, SighupDrainsAndRemovesTheSocketLikeSigterm) {
+  // The terminal of a foreground server closes: a hang-up, not a kill on the spot.
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string socket = scratch.path() + "/s.sock";
+  Child child(CpuArgs("unix://" + socket));
+  ASSERT_TRUE(child.started());
+  ASSERT_TRUE(child.WaitForOutput("listening on")) << child.output();
+  child.Signal(SIGHUP);
+  EXPECT_EQ(child.Wait(), 0) << "128 + 1: killed by SIGHUP\n" << child.output();
+  EXPECT_TRUE(MentionsAny(child.output(), {"SIGHUP: NOT_SERVING, draining"})) << child.output();
+  EXPECT_FALSE(Exists(socket)) << "the socket file stayed behind";
+}
+
 // A socket file at `path` that no server listens on, as a SIGKILLed server leaves it.
 bool MakeStaleSocket(const std::string& path) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
