@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -157,11 +158,36 @@ absl::Status SessionsFromFlags(core::DeviceSessionOptions* sessions) {
 
 bool IsThisFile(absl::string_view file) { return absl::EndsWith(file, "service/flags.cc"); }
 
+// Abseil's own flags that ParseCommandLine handles (help and version output, flag files).
+bool IsAbseilBuiltin(absl::string_view name) {
+  for (absl::string_view builtin :
+       {"help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch", "version",
+        "only_check_args", "flagfile", "fromenv", "tryfromenv", "undefok"}) {
+    if (name == builtin) return true;
+  }
+  return false;
+}
+
+// What a value of `flag` looks like, for "expected ..." messages.
+std::string ExpectedValue(const absl::CommandLineFlag& flag) {
+  if (flag.IsOfType<int32_t>()) {
+    return absl::StrCat("an integer in [", std::numeric_limits<int32_t>::min(), ", ",
+                        std::numeric_limits<int32_t>::max(), "]");
+  }
+  if (flag.IsOfType<int64_t>()) {
+    return absl::StrCat("an integer in [", std::numeric_limits<int64_t>::min(), ", ",
+                        std::numeric_limits<int64_t>::max(), "]");
+  }
+  if (flag.IsOfType<bool>()) return "true or false";
+  if (flag.IsOfType<absl::Duration>()) return "a duration with its unit, e.g. 10s or 500ms";
+  return "a value";
+}
+
 }  // namespace
 
 void SetUpFlagsUsage() {
   absl::SetProgramUsageMessage(
-      "samplerd: samples the next token for LLM inference engines over gRPC.\n"
+      "samples the next token for LLM inference engines over gRPC.\n"
       "Usage: samplerd [--listen=unix:///run/samplerd/samplerd.sock] [--backend=auto]\n"
       "  [--health_port=8081] [--metrics_port=9090] [--tls_cert=F --tls_key=F "
       "[--tls_client_ca=F]]\n"
@@ -173,6 +199,58 @@ void SetUpFlagsUsage() {
   config.contains_help_flags = IsThisFile;
   config.contains_helpshort_flags = IsThisFile;
   absl::SetFlagsUsageConfig(config);
+}
+
+absl::Status CheckCommandLine(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") {
+      if (i + 1 < argc) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("expected only --flags, got the argument '", argv[i + 1], "' after '--'"));
+      }
+      break;
+    }
+    absl::string_view name = arg;
+    if (arg.size() < 2 || !absl::ConsumePrefix(&name, "-")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected only --flags (a value goes as --flag=VALUE), got the argument '", arg, "'"));
+    }
+    absl::ConsumePrefix(&name, "-");
+    absl::string_view value;
+    const size_t equals = name.find('=');
+    const bool has_value = equals != absl::string_view::npos;
+    if (has_value) {
+      value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    }
+    if (IsAbseilBuiltin(name)) continue;  // Abseil's parser handles these and their values
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && !has_value && absl::StartsWith(name, "no")) {
+      flag = absl::FindCommandLineFlag(name.substr(2));  // --noallow_remote_regions
+      if (flag != nullptr && flag->IsOfType<bool>()) continue;
+      flag = nullptr;
+    }
+    if (flag == nullptr || flag->IsRetired()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expected a flag of samplerd --help, got the unknown flag '", arg, "'"));
+    }
+    if (!has_value) {
+      if (flag->IsOfType<bool>()) continue;
+      if (i + 1 >= argc) {  // "--flag VALUE" takes the next argument
+        return absl::InvalidArgumentError(absl::StrCat("expected --", name, "=", "VALUE (",
+                                                       ExpectedValue(*flag), "), got no value"));
+      }
+      value = argv[++i];
+    }
+    // Parsing sets the flag; absl::ParseCommandLine sets it again to the same value.
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("expected --", name, " to be ",
+                                                     ExpectedValue(*flag), ", got '", value, "'"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ProcessOptions> OptionsFromFlags() {

@@ -26,6 +26,12 @@ struct ProcessOptions {
 // this file. Call before absl::ParseCommandLine.
 void SetUpFlagsUsage();
 
+// Checks the command line before absl::ParseCommandLine, whose errors exit with status 1 and
+// say nothing of what was expected: arguments that are not flags, unknown flags, and values
+// that do not parse (e.g. --threads=abc, --grace_period=10) are INVALID_ARGUMENT with "expected
+// X, got Y". Abseil's own flags (--help, --version, --flagfile, ...) are left to it.
+absl::Status CheckCommandLine(int argc, char** argv);
+
 // Reads the parsed flags. Errors: INVALID_ARGUMENT (with "expected X, got Y") for a value out of
 // range, an unknown backend, an unsafe --shm_prefix or an incomplete TLS combination.
 absl::StatusOr<ProcessOptions> OptionsFromFlags();

@@ -60,6 +60,10 @@ int main(int argc, char** argv) {
   // SIGTERM writes would otherwise end the process before it drains and removes its socket.
   signal(SIGPIPE, SIG_IGN);
   samplerd::SetUpFlagsUsage();
+  // Bad command lines exit 2 with one "expected X, got Y" line, like every other bad flag.
+  if (absl::Status checked = samplerd::CheckCommandLine(argc, argv); !checked.ok()) {
+    return Fail("bad flags", checked);
+  }
   absl::ParseCommandLine(argc, argv);
 
   // A GPU-plane device session parks a stream on a wait for the engine's doorbell, and a

@@ -159,6 +159,63 @@ std::vector<std::string> CpuArgs(const std::string& listen) {
   return {"--listen=" + listen, "--backend=cpu", "--threads=2", "--grace_period=2s"};
 }
 
+// Lines of `text` (a final newline ends the last one).
+int Lines(const std::string& text) {
+  int lines = 0;
+  for (char c : text) lines += c == '\n';
+  return lines;
+}
+
+TEST(CommandLine, ABadCommandLineExits2WithOneExpectedGotLine) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--threads=abc"},
+       "bad flags: INVALID_ARGUMENT: expected --threads to be an integer in [-2147483648, "
+       "2147483647], got 'abc'"},
+      {{"--max_vocab=99999999999999999999"},
+       "expected --max_vocab to be an integer in [-9223372036854775808, 9223372036854775807], got "
+       "'99999999999999999999'"},
+      {{"--grace_period=10"},
+       "expected --grace_period to be a duration with its unit, e.g. 10s or 500ms, got '10'"},
+      {{"--allow_remote_regions=maybe"},
+       "expected --allow_remote_regions to be true or false, got 'maybe'"},
+      {{"--no_such_flag=1"},
+       "expected a flag of samplerd --help, got the unknown flag '--no_such_flag=1'"},
+      {{"--max_batch=8", "16"},
+       "expected only --flags (a value goes as --flag=VALUE), got the argument '16'"},
+      {{"--", "serve"}, "expected only --flags, got the argument 'serve' after '--'"},
+      {{"--listen"}, "expected --listen=VALUE (a value), got no value"},
+  };
+  for (const Case& c : cases) {
+    std::string output;
+    EXPECT_EQ(RunToExit(c.args, &output), 2) << c.args.front() << ": " << output;
+    EXPECT_TRUE(MentionsAny(output, {c.message})) << output;
+    EXPECT_EQ(Lines(output), 1) << output;
+  }
+}
+
+TEST(CommandLine, EveryFormAbseilAcceptsStillStartsTheServer) {
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  // "--flag value", a single dash, a bool's "--noflag" and "--flag=false" forms.
+  Child child({"--listen", "unix://" + scratch.path() + "/s.sock", "-backend=cpu", "--threads", "2",
+               "--noallow_remote_regions", "--allow_remote_regions=false", "--grace_period=2s"});
+  ASSERT_TRUE(child.started());
+  ASSERT_TRUE(child.WaitForOutput("listening on")) << child.output();
+  child.Signal(SIGTERM);
+  EXPECT_EQ(child.Wait(), 0) << child.output();
+}
+
+TEST(CommandLine, HelpNamesTheProgramOnce) {
+  std::string output;
+  RunToExit({"--help"}, &output);
+  EXPECT_TRUE(MentionsAny(output, {"samplerd: samples the next token"})) << output;
+  EXPECT_FALSE(MentionsAny(output, {"samplerd: samplerd:"})) << output;
+}
+
 TEST(Signals, AGoneLogReaderDoesNotKillTheServerOnItsNextLogLine) {
   // The log collector (a pipe's reader) exits; the server's next log line, the one SIGTERM
   // writes, must not kill it by SIGPIPE before it drains and removes its socket.
