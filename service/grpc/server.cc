@@ -8,6 +8,31 @@
 #include "grpc/health/v1/health.pb.h"
 
 namespace samplerd::grpc_transport {
+namespace {
+
+// A TCP --listen address must end in ":PORT" with PORT in [0, 65535]: gRPC 1.51 keeps only the
+// low 16 bits of a larger port, so "localhost:99999" would serve on port 34463.
+absl::Status CheckTcpListenAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  const absl::string_view port = colon == std::string::npos
+                                     ? absl::string_view()
+                                     : absl::string_view(address).substr(colon + 1);
+  int value = 0;
+  bool ok = !port.empty() && port.size() <= 5;
+  for (char c : port) {
+    ok = ok && c >= '0' && c <= '9';
+    value = value * 10 + (c - '0');
+  }
+  if (!ok || value > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected a --listen address unix:///abs/path.sock or HOST:PORT with PORT in [0, 65535] "
+        "(e.g. 127.0.0.1:50051, [::]:50051), got '",
+        address, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const ServerOptions& options,
                                                                     core::SamplerCore* core) {
@@ -35,6 +60,7 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
     if (IsUnixAddress(address)) {
       unix_addresses.push_back(address);  // accepted by UnixListener, not by gRPC
     } else {
+      if (absl::Status checked = CheckTcpListenAddress(address); !checked.ok()) return checked;
       builder.AddListeningPort(address, *tcp_credentials, &ports[i]);
     }
   }

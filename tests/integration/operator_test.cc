@@ -245,6 +245,19 @@ TEST(Signals, SighupDrainsAndRemovesTheSocketLikeSigterm) {
   EXPECT_FALSE(Exists(socket)) << "the socket file stayed behind";
 }
 
+TEST(Listen, ATcpPortOutOfRangeFailsStartupInsteadOfServingOnAnother) {
+  // gRPC keeps a port's low 16 bits: 99999 would have served on 34463.
+  for (const std::string address : {"127.0.0.1:99999", "127.0.0.1:-1", "localhost", "[::1]:x"}) {
+    std::string output;
+    EXPECT_EQ(RunToExit(CpuArgs(address), &output), 2) << address << ": " << output;
+    EXPECT_TRUE(MentionsAny(output, {"expected a --listen address unix:///abs/path.sock or "
+                                     "HOST:PORT with PORT in [0, 65535] (e.g. 127.0.0.1:50051, "
+                                     "[::]:50051), got '" +
+                                     address + "'"}))
+        << output;
+  }
+}
+
 // A socket file at `path` that no server listens on, as a SIGKILLed server leaves it.
 bool MakeStaleSocket(const std::string& path) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
