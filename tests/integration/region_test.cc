@@ -6,6 +6,7 @@
 // tests/grpc/region_service_test.cc, where the backend can hold the request.)
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -165,6 +166,34 @@ TEST_F(Regions, TruncatedObjectIsFailedPreconditionAndTheServerKeepsServing) {
   status = client_->Sample(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(Tokens(response), Tokens(inline_response));
+}
+
+// "Two buffers on one key share the object": a second, smaller buffer must not shrink it under
+// the first buffer and the server's registered region (their accesses past the new end would
+// fault).
+TEST_F(Regions, ASmallerSecondBufferOnTheKeyDoesNotShrinkTheObject) {
+  ASSERT_TRUE(RegisterLogits().ok());
+  const v1::SampleRequest request =
+      MakeRegionRequest("logits", kLogitsOffset, v1::DTYPE_FP32, kBatch, kVocab, Params());
+  v1::SampleResponse before;
+  ASSERT_TRUE(client_->Sample(request, &before).ok());
+
+  std::string error;
+  std::unique_ptr<HostShmBuffer> second = HostShmBuffer::Create(shm_->key(), 8, &error);
+  ASSERT_NE(second, nullptr) << error;
+  EXPECT_EQ(second->size(), 8u);
+  const int fd = shm_open(shm_->key().c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0) << std::strerror(errno);
+  close(fd);
+  ASSERT_EQ(static_cast<uint64_t>(st.st_size), kObjectBytes);
+
+  Object()[kObjectBytes - 1] = 7;  // the first buffer's last page is still there
+  v1::SampleResponse after;
+  const grpc::Status status = client_->Sample(request, &after);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(Tokens(after), Tokens(before));
 }
 
 TEST_F(Regions, GetServerInfoReportsNoIpcOnTheCpuBackend) {

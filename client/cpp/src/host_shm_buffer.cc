@@ -3,9 +3,11 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -22,21 +24,29 @@ std::unique_ptr<HostShmBuffer> Fail(std::string* error, const char* what, int co
 std::unique_ptr<HostShmBuffer> HostShmBuffer::Create(const std::string& key, size_t bytes,
                                                      std::string* error, mode_t mode) {
   if (bytes == 0) return Fail(error, "HostShmBuffer needs at least one byte", EINVAL);
-  const int fd = shm_open(key.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, mode);
+  // Created here, or opened as it is: only an object made here is unlinked on failure.
+  bool created = true;
+  int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, mode);
+  if (fd < 0 && errno == EEXIST) {
+    created = false;
+    fd = shm_open(key.c_str(), O_RDWR | O_CLOEXEC, mode);
+  }
   if (fd < 0) return Fail(error, "shm_open", errno);
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int code = errno;
+  const auto fail = [&](const char* what, int code) {
     close(fd);
-    shm_unlink(key.c_str());
-    return Fail(error, "ftruncate", code);
+    if (created) shm_unlink(key.c_str());
+    return Fail(error, what, code);
+  };
+  struct stat st;
+  if (fstat(fd, &st) != 0) return fail("fstat", errno);
+  // Grow only: an existing object may be mapped further by another buffer on the key, or by
+  // the server as a registered region, and shrinking it would fault their accesses (SIGBUS).
+  if (static_cast<uint64_t>(st.st_size) < bytes && ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    return fail("ftruncate", errno);
   }
   void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int code = errno;
+  if (data == MAP_FAILED) return fail("mmap", errno);
   close(fd);
-  if (data == MAP_FAILED) {
-    shm_unlink(key.c_str());
-    return Fail(error, "mmap", code);
-  }
   return std::unique_ptr<HostShmBuffer>(new HostShmBuffer(key, data, bytes));
 }
 

@@ -24,9 +24,11 @@ namespace samplerd {
 class HostShmBuffer {
  public:
   // Opens or creates (O_CREAT | O_RDWR) the shm object `key` ("/name", no further '/') with
-  // `mode`, sizes it to `bytes` (> 0) and maps it read-write. Returns null and stores the reason
-  // in *error (when not null) on failure. Two buffers on one key share the object; the first
-  // destroyed unlinks the key.
+  // `mode`, makes it at least `bytes` (> 0) long and maps `bytes` of it read-write. An existing
+  // object is grown when shorter, never shrunk (another buffer on the key, or the server, may
+  // map more of it). Returns null and stores the reason in *error (when not null) on failure;
+  // only an object this call created is unlinked then. Two buffers on one key share the
+  // object; the first destroyed unlinks the key.
   static std::unique_ptr<HostShmBuffer> Create(const std::string& key, size_t bytes,
                                                std::string* error = nullptr, mode_t mode = 0600);
 
