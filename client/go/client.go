@@ -66,6 +66,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	regions map[*HostShmRegion]struct{} // open regions made by NewHostShmRegion
+	closed  bool                        // Close ran
 }
 
 // Dial returns a Client for target: "unix:///abs/path.sock" or "host:port". It does not wait
@@ -101,9 +102,15 @@ func Dial(target string, opts ...Option) (*Client, error) {
 }
 
 // Close releases the host shm regions this client created and still holds (see
-// HostShmRegion.Close), then closes the connection. Open sessions end with it.
+// HostShmRegion.Close), then closes the connection. Open sessions end with it. Closing twice
+// is harmless: the second Close returns nil.
 func (c *Client) Close() error {
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
 	regions := make([]*HostShmRegion, 0, len(c.regions))
 	for r := range c.regions {
 		regions = append(regions, r)

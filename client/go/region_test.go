@@ -140,4 +140,9 @@ func TestClientCloseReleasesItsRegions(t *testing.T) {
 		t.Errorf("after Client.Close: object exists %v, listed size %d; want neither",
 			exists("/dev/shm"+region.Key()), regionSize(t, observer, "go-close"))
 	}
+	// As Session.Close and HostShmRegion.Close: a second Close (say, a deferred one after an
+	// explicit one) is harmless.
+	if err := client.Close(); err != nil {
+		t.Errorf("second Client.Close: %v, want nil", err)
+	}
 }
