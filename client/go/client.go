@@ -69,6 +69,10 @@ type Client struct {
 	closed  bool                        // Close ran
 }
 
+// errClientClosed is returned by calls that need the client after Close.
+var errClientClosed = &Error{Code: codes.FailedPrecondition,
+	Message: "expected an open client, got a closed one"}
+
 // Dial returns a Client for target: "unix:///abs/path.sock" or "host:port". It does not wait
 // for the server: the connection is made in the background, and calls made before the server
 // is up fail with UNAVAILABLE (WaitServing waits for it). Plaintext only: samplerd is a

@@ -59,17 +59,32 @@ func (c *Client) NewHostShmRegion(ctx context.Context, name string, byteSize int
 		name:   name,
 		key:    fmt.Sprintf("%s%s-%d-%d", prefix, name, os.Getpid(), shmSerial.Add(1)),
 	}
-	if err := r.mapObject(byteSize, true); err != nil {
+	// The region joins the client's before it is made, with r.mu held until it is, so that a
+	// Client.Close meanwhile waits for it and then closes it: none is left behind.
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errClientClosed
+	}
+	c.regions[r] = struct{}{}
+	c.mu.Unlock()
+	fail := func(err error) (*HostShmRegion, error) {
+		r.closed = true
+		c.mu.Lock()
+		delete(c.regions, r)
+		c.mu.Unlock()
 		return nil, err
+	}
+	if err := r.mapObject(byteSize, true); err != nil {
+		return fail(err)
 	}
 	if _, err := c.RegisterHostShm(ctx, name, r.key, 0, uint64(len(r.data))); err != nil {
 		r.release()
-		return nil, err
+		return fail(err)
 	}
 	r.registered = true
-	c.mu.Lock()
-	c.regions[r] = struct{}{}
-	c.mu.Unlock()
 	return r, nil
 }
 

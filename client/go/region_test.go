@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	samplerd "samplerd.dev/client/go"
@@ -145,4 +148,45 @@ func TestClientCloseReleasesItsRegions(t *testing.T) {
 	if err := client.Close(); err != nil {
 		t.Errorf("second Client.Close: %v, want nil", err)
 	}
+}
+
+// A Client.Close that runs while NewHostShmRegion registers its region still releases it: the
+// region is neither left in /dev/shm nor registered with the server. (The interceptor starts
+// the Close once the server has answered the registration, before NewHostShmRegion returns.)
+func TestClientCloseDuringNewHostShmRegionLeavesNothingBehind(t *testing.T) {
+	observer, ctx := dial(t), testContext(t)
+	var client *samplerd.Client
+	closed := make(chan error, 1)
+	closeAfterRegister := func(ctx context.Context, method string, req, reply interface{},
+		cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if strings.HasSuffix(method, "/RegisterRegion") {
+			go func() { closed <- client.Close() }()
+			time.Sleep(50 * time.Millisecond) // the Close runs while the region is being made
+		}
+		return err
+	}
+	client, err := samplerd.Dial(target,
+		samplerd.WithDialOptions(grpc.WithUnaryInterceptor(closeAfterRegister)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := client.NewHostShmRegion(ctx, "go-close-race", 4096)
+	if err := <-closed; err != nil {
+		t.Errorf("Client.Close: %v", err)
+	}
+	objects, _ := filepath.Glob(fmt.Sprintf("/dev/shm/samplerd-go-close-race-%d-*", os.Getpid()))
+	if len(objects) != 0 || regionSize(t, observer, "go-close-race") != -1 {
+		t.Errorf("after Client.Close: shm objects %v, listed size %d; want none",
+			objects, regionSize(t, observer, "go-close-race"))
+	}
+	for _, o := range objects {
+		os.Remove(o)
+	}
+	if err == nil {
+		_, err = region.Sample(ctx, []float32{1}, 1, 1)
+		wantError(t, err, codes.FailedPrecondition, "expected an open region, got a closed one")
+	}
+	_, err = client.NewHostShmRegion(ctx, "go-after-close", 4096)
+	wantError(t, err, codes.FailedPrecondition, "expected an open client, got a closed one")
 }
