@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -51,7 +52,8 @@ bool Exists(const std::string& path) {
 // may close, as a log collector that dies would).
 class Child {
  public:
-  explicit Child(const std::vector<std::string>& args) {
+  // `address_space` > 0: the child's RLIMIT_AS, in bytes.
+  explicit Child(const std::vector<std::string>& args, rlim_t address_space = 0) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return;
     std::vector<std::string> argv_storage = {SAMPLERD_BINARY};
@@ -61,6 +63,10 @@ class Child {
     argv.push_back(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
+      if (address_space > 0) {
+        const rlimit limit = {address_space, address_space};
+        setrlimit(RLIMIT_AS, &limit);
+      }
       dup2(fds[1], 1);
       dup2(fds[1], 2);
       execv(argv[0], argv.data());
@@ -256,6 +262,22 @@ TEST(Listen, ATcpPortOutOfRangeFailsStartupInsteadOfServingOnAnother) {
                                      address + "'"}))
         << output;
   }
+}
+
+TEST(CommandLine, MoreThreadsThanTheProcessCanStartFailStartupWithExitCode2) {
+  // 1 GB of address space holds ~100 thread stacks of 8 MB: thread 101 cannot start. It used to
+  // abort the process (an uncaught std::system_error, exit 134 and a core dump).
+  ScratchDir scratch;
+  ASSERT_FALSE(scratch.path().empty());
+  std::vector<std::string> args = CpuArgs("unix://" + scratch.path() + "/s.sock");
+  args.push_back("--threads=100000");
+  Child child(args, rlim_t{1} << 30);
+  ASSERT_TRUE(child.started());
+  EXPECT_EQ(child.Wait(milliseconds(10000)), 2) << child.output();
+  EXPECT_TRUE(
+      MentionsAny(child.output(), {"cannot start the sampler: RESOURCE_EXHAUSTED: expected "
+                                   "to start 100000 CPU sampler threads (--threads), got: "}))
+      << child.output();
 }
 
 // A socket file at `path` that no server listens on, as a SIGKILLed server leaves it.

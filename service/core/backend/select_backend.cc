@@ -1,6 +1,7 @@
 #include "service/core/backend/select_backend.h"
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -74,7 +75,14 @@ absl::StatusOr<SelectedBackend> SelectBackend(BackendChoice choice, const std::s
     }
 #endif
   }
-  auto sampler = std::make_unique<CpuSampler>(ResolveThreads(threads));
+  const int resolved = ResolveThreads(threads);
+  std::unique_ptr<CpuSampler> sampler;
+  try {
+    sampler = std::make_unique<CpuSampler>(resolved);
+  } catch (const std::system_error& e) {  // the process's thread limit (e.g. --threads=100000)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "expected to start ", resolved, " CPU sampler threads (--threads), got: ", e.what()));
+  }
   RETURN_IF_ERROR(sampler->Warmup());
   return SelectedBackend{std::move(sampler), {}};
 }

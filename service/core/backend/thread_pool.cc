@@ -5,18 +5,26 @@
 namespace samplerd::core {
 
 ThreadPool::ThreadPool(int threads) {
-  for (int i = 1; i < std::max(threads, 1); ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+  try {
+    for (int i = 1; i < std::max(threads, 1); ++i) {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    }
+  } catch (...) {
+    Stop();  // a joinable std::thread destroyed by the unwinding would std::terminate
+    throw;
   }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { Stop(); }
+
+void ThreadPool::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,

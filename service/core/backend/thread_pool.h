@@ -14,6 +14,7 @@ namespace samplerd::core {
 class ThreadPool {
  public:
   // Starts `threads - 1` workers (the caller of ParallelFor is the last one). threads >= 1.
+  // Throws std::system_error when a thread cannot be started (those started are stopped first).
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -27,6 +28,8 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
  private:
+  // Stops and joins the workers.
+  void Stop();
   void WorkerLoop();
   // Claims and runs chunks of the current job until none is left.
   void RunChunks();
