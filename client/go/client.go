@@ -148,11 +148,18 @@ func (c *Client) ServerInfo(ctx context.Context) (*samplerdv1.GetServerInfoRespo
 
 // WaitServing blocks until the server's health service reports ServiceName as SERVING (its
 // devices are up and warmed), retrying every pollInterval, or until ctx is done; it then
-// returns the last error seen. Use it at engine start-up and in tests.
+// returns the last error seen. Use it at engine start-up and in tests. On a closed client it
+// returns FAILED_PRECONDITION at once (no retry can succeed).
 func (c *Client) WaitServing(ctx context.Context) error {
 	const pollInterval = 20 * time.Millisecond
 	health := healthpb.NewHealthClient(c.conn)
 	for {
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
+			return errClientClosed
+		}
 		attempt, cancel := context.WithTimeout(ctx, time.Second)
 		resp, err := health.Check(attempt, &healthpb.HealthCheckRequest{Service: ServiceName})
 		cancel()

@@ -73,3 +73,23 @@ func TestUnreachableServerIsUnavailable(t *testing.T) {
 		t.Fatalf("got %v, want UNAVAILABLE", err)
 	}
 }
+
+// WaitServing on a closed client cannot succeed: it says so at once instead of retrying until
+// ctx ends (forever with context.Background()).
+func TestWaitServingOnAClosedClientReturnsAtOnce(t *testing.T) {
+	client, err := samplerd.Dial(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = client.WaitServing(ctx)
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("WaitServing took %v on a closed client, want an immediate error", waited)
+	}
+	wantError(t, err, codes.FailedPrecondition, "expected an open client, got a closed one")
+}
