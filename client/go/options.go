@@ -10,9 +10,9 @@ import (
 //
 // The per-row parameters (Temperature, TopK, TopP, MinP, Seed, Position and the penalties of
 // processors.go: RepetitionPenalty, PresencePenalty, FrequencyPenalty) take one value for
-// every row, or B values, one per row (pass a slice with "..."). Parameters not given keep the
-// server's defaults: temperature 1, no top-k / top-p / min-p filter, a server-chosen seed
-// (returned in Result.Seeds) and position 0.
+// every row, or B values, one per row (pass a slice with "..."; no values is INVALID_ARGUMENT).
+// Parameters not given keep the server's defaults: temperature 1, no top-k / top-p / min-p
+// filter, a server-chosen seed (returned in Result.Seeds) and position 0.
 type SampleOption func(*sampleConfig)
 
 // sampleConfig collects the options of one request. Per-row slices are the caller's own:
@@ -32,24 +32,26 @@ type sampleConfig struct {
 }
 
 // Temperature sets T >= 0; 0 <= T < 1e-5 is greedy (argmax, lowest index wins).
-func Temperature(t ...float32) SampleOption { return func(c *sampleConfig) { c.temperature = t } }
+func Temperature(t ...float32) SampleOption {
+	return func(c *sampleConfig) { c.temperature = given(t) }
+}
 
 // TopK keeps the tokens whose logit is >= the k-th largest (ties kept); 0 or -1 disables.
-func TopK(k ...int32) SampleOption { return func(c *sampleConfig) { c.topK = k } }
+func TopK(k ...int32) SampleOption { return func(c *sampleConfig) { c.topK = given(k) } }
 
 // TopP keeps the smallest most-probable set whose mass reaches p, in (0, 1]; 1 disables.
-func TopP(p ...float32) SampleOption { return func(c *sampleConfig) { c.topP = p } }
+func TopP(p ...float32) SampleOption { return func(c *sampleConfig) { c.topP = given(p) } }
 
 // MinP keeps the tokens whose probability is >= p times the largest, p in [0, 1]; 0 disables.
-func MinP(p ...float32) SampleOption { return func(c *sampleConfig) { c.minP = p } }
+func MinP(p ...float32) SampleOption { return func(c *sampleConfig) { c.minP = given(p) } }
 
 // Seed sets the seed of each row's random stream. The same (seed, position, logits,
 // parameters) always gives the same token.
-func Seed(s ...uint64) SampleOption { return func(c *sampleConfig) { c.seed = s } }
+func Seed(s ...uint64) SampleOption { return func(c *sampleConfig) { c.seed = given(s) } }
 
 // Position sets the position of the draw in each row's stream, e.g. the number of tokens the
 // sequence has generated so far.
-func Position(p ...uint64) SampleOption { return func(c *sampleConfig) { c.position = p } }
+func Position(p ...uint64) SampleOption { return func(c *sampleConfig) { c.position = given(p) } }
 
 // JointTopP compares top-p with the full row's mass (aiter, SGLang, FlashInfer "joint")
 // instead of the mass left after min-p and top-k (vLLM's semantics, the default).
@@ -86,17 +88,23 @@ func Device(id string) SampleOption { return func(c *sampleConfig) { c.device = 
 // entries. Returns INVALID_ARGUMENT when a parameter has neither 1 nor batch values.
 func (c *sampleConfig) params(batch int) ([]*samplerdv1.SamplingParams, error) {
 	counts := []struct {
-		name string
-		n    int
+		name  string
+		given bool
+		n     int
 	}{
-		{"temperature", len(c.temperature)}, {"top_k", len(c.topK)}, {"top_p", len(c.topP)},
-		{"min_p", len(c.minP)}, {"seed", len(c.seed)}, {"position", len(c.position)},
-		{"repetition_penalty", len(c.repetition)}, {"presence_penalty", len(c.presence)},
-		{"frequency_penalty", len(c.frequency)},
+		{"temperature", c.temperature != nil, len(c.temperature)},
+		{"top_k", c.topK != nil, len(c.topK)},
+		{"top_p", c.topP != nil, len(c.topP)},
+		{"min_p", c.minP != nil, len(c.minP)},
+		{"seed", c.seed != nil, len(c.seed)},
+		{"position", c.position != nil, len(c.position)},
+		{"repetition_penalty", c.repetition != nil, len(c.repetition)},
+		{"presence_penalty", c.presence != nil, len(c.presence)},
+		{"frequency_penalty", c.frequency != nil, len(c.frequency)},
 	}
 	rows := 0
 	for _, p := range counts {
-		if p.n > 1 && p.n != batch {
+		if p.given && p.n != 1 && p.n != batch {
 			return nil, invalidArgument("expected %s with 1 value (all rows) or B = %d values, got %d",
 				p.name, batch, p.n)
 		}
@@ -146,6 +154,16 @@ func (c *sampleConfig) params(batch int) ([]*samplerdv1.SamplingParams, error) {
 		out[i] = p
 	}
 	return out, nil
+}
+
+// given marks a per-row option as given, also with no values (e.g. Temperature(temps...) with
+// an empty temps): a non-nil slice, which params refuses unless it holds 1 or B values, rather
+// than silently sampling with the server's default.
+func given[T any](values []T) []T {
+	if values == nil {
+		return []T{}
+	}
+	return values
 }
 
 // pick is the index of row i in a parameter with n values (1: shared by every row).

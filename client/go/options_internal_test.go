@@ -3,6 +3,7 @@ package samplerd
 import (
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	"samplerd.dev/client/go/samplerdv1"
@@ -58,5 +59,27 @@ func TestParamsDoNotAliasTheCallersSlices(t *testing.T) {
 	seeds[0] = 100
 	if got[0].GetSeed() != 1 {
 		t.Errorf("seed of row 0 followed the caller's slice: %d", got[0].GetSeed())
+	}
+}
+
+// A per-row option given with no values (say Temperature(temps...) with an empty temps) is an
+// error, as it is in the Python client, rather than the server's default for every row.
+func TestPerRowOptionWithNoValuesIsInvalidArgument(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opt  SampleOption
+	}{
+		{"temperature", Temperature()}, {"top_k", TopK([]int32{}...)}, {"top_p", TopP()},
+		{"min_p", MinP()}, {"seed", Seed([]uint64(nil)...)}, {"position", Position()},
+		{"repetition_penalty", RepetitionPenalty()}, {"presence_penalty", PresencePenalty()},
+		{"frequency_penalty", FrequencyPenalty()},
+	} {
+		var cfg sampleConfig
+		c.opt(&cfg)
+		_, err := cfg.params(2)
+		want := "expected " + c.name + " with 1 value (all rows) or B = 2 values, got 0"
+		if e, ok := err.(*Error); !ok || e.Code != codes.InvalidArgument || e.Message != want {
+			t.Errorf("%s(): got %v, want InvalidArgument %q", c.name, err, want)
+		}
 	}
 }

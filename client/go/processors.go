@@ -94,15 +94,21 @@ func PackLogitBias(rows []map[int32]float32) []byte {
 
 // RepetitionPenalty sets vLLM's repetition penalty r > 0 (1 is off): the logit x of every token
 // in the row's prompt or output (TokenHistory) becomes x / r when x > 0, else x * r.
-func RepetitionPenalty(r ...float32) SampleOption { return func(c *sampleConfig) { c.repetition = r } }
+func RepetitionPenalty(r ...float32) SampleOption {
+	return func(c *sampleConfig) { c.repetition = given(r) }
+}
 
 // PresencePenalty sets p in [-2, 2]: p is subtracted from the logit of every token that occurs
 // in the row's output (TokenHistory).
-func PresencePenalty(p ...float32) SampleOption { return func(c *sampleConfig) { c.presence = p } }
+func PresencePenalty(p ...float32) SampleOption {
+	return func(c *sampleConfig) { c.presence = given(p) }
+}
 
 // FrequencyPenalty sets f in [-2, 2]: f times the token's count in the row's output
 // (TokenHistory) is subtracted from its logit.
-func FrequencyPenalty(f ...float32) SampleOption { return func(c *sampleConfig) { c.frequency = f } }
+func FrequencyPenalty(f ...float32) SampleOption {
+	return func(c *sampleConfig) { c.frequency = given(f) }
+}
 
 // TokenHistory gives the tokens the penalties act on: per row, the prompt's token ids and the
 // output's so far (B slices each; either may be nil for none, as may a row). The request
