@@ -78,11 +78,14 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::str
   // for a request's headers: with two workers and a 10 s request timeout, two clients that sent
   // half a request stalled every scrape for ~10 s. Eight workers leave room for a scraper or two
   // next to a few such clients, and a client that has not sent its whole request within 2 s is
-  // dropped (a scrape request is one small packet).
+  // dropped (a scrape request is one small packet). No keep-alive: a kept-alive connection holds
+  // its worker while idle, so eight idle HTTP/1.1 clients (a scraper's connection pool, a few
+  // dashboards) stalled every scrape for the keep-alive timeout (30 s). A scrape every 15 s or
+  // more gains nothing from keeping its connection.
   try {
-    exporter->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", ports, "num_threads", "8", "request_timeout_ms", "2000",
-        "enable_keep_alive", "yes", "keep_alive_timeout_ms", "30000"});
+    exporter->exposer_ = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", ports, "num_threads", "8", "request_timeout_ms",
+                                 "2000", "enable_keep_alive", "no"});
   } catch (const std::exception& e) {  // civetweb's CivetException, with its reason
     return absl::UnavailableError(
         absl::StrCat("expected to serve metrics on ", ports, ", got: ", e.what()));

@@ -11,10 +11,12 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "prometheus/counter.h"
@@ -98,6 +100,37 @@ TEST_F(HttpExporterTest, ScrapeAnswersPromptlyWhileSlowClientsHoldHalfRequests) 
   EXPECT_LT(elapsed, std::chrono::seconds(1))
       << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count() << " ms";
   for (int fd : slow) close(fd);
+}
+
+TEST_F(HttpExporterTest, ScrapeAnswersPromptlyWhileIdleKeepAliveClientsHoldTheirConnections) {
+  // Eight HTTP/1.1 clients (keep-alive by default) scrape once and keep their connections open,
+  // as a connection pool does: with keep-alive each held one of the eight workers while idle and
+  // the next scrape waited for the 30 s keep-alive timeout.
+  std::vector<int> idle;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    timeval timeout{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(exporter_->port()));
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string request = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    char buffer[256];
+    ASSERT_GT(recv(fd, buffer, sizeof(buffer), 0), 0) << "client " << i << " got no answer";
+    idle.push_back(fd);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const HttpResponse response = HttpGet(exporter_->port(), "/metrics");
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(response.status, 200);
+  EXPECT_LT(elapsed, std::chrono::seconds(1))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count() << " ms";
+  for (int fd : idle) close(fd);
 }
 
 TEST_F(HttpExporterTest, TakenPortIsUnavailable) {
