@@ -3,10 +3,12 @@ package samplerd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"samplerd.dev/client/go/samplerdv1"
 )
@@ -18,6 +20,7 @@ type Session struct {
 	stream     samplerdv1.SamplerService_SampleStreamClient
 	cancel     context.CancelFunc
 	chunkBytes int
+	maxBytes   int // the client's WithMaxMessageBytes
 
 	mu  sync.Mutex
 	err error // set once the session is closed or broken; returned by later steps
@@ -37,7 +40,8 @@ func (c *Client) OpenSession(ctx context.Context) (*Session, error) {
 		cancel()
 		return nil, fromRPC(err)
 	}
-	return &Session{stream: stream, cancel: cancel, chunkBytes: c.opts.streamChunkBytes}, nil
+	return &Session{stream: stream, cancel: cancel, chunkBytes: c.opts.streamChunkBytes,
+		maxBytes: c.opts.maxMessageBytes}, nil
 }
 
 // Sample sends one step with inline fp32 logits ([batch, vocab], as Client.Sample) and waits
@@ -60,8 +64,10 @@ func (s *Session) SampleTensor(t Tensor, opts ...SampleOption) (*Result, error) 
 }
 
 // SampleRequest sends a prepared request as the next step and waits for its answer. A step the
-// server rejects returns its code and message as an *Error, and the session stays usable. A
-// broken stream returns the call's error, and so does every later step.
+// server rejects returns its code and message as an *Error, and the session stays usable; so
+// does a step whose message is larger than WithMaxMessageBytes (RESOURCE_EXHAUSTED, not sent:
+// WithStreamChunkBytes splits such steps). A broken stream returns the call's error, and so
+// does every later step.
 func (s *Session) SampleRequest(req *samplerdv1.SampleRequest) (*Result, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -69,6 +75,9 @@ func (s *Session) SampleRequest(req *samplerdv1.SampleRequest) (*Result, error) 
 		return nil, s.err
 	}
 	if err := s.send(req); err != nil {
+		if refused, ok := err.(*Error); ok {
+			return nil, refused // nothing was sent: the stream is intact
+		}
 		return nil, s.fail(err)
 	}
 	reply, err := s.stream.Recv()
@@ -82,10 +91,16 @@ func (s *Session) SampleRequest(req *samplerdv1.SampleRequest) (*Result, error) 
 }
 
 // send writes one step, splitting inline logits larger than chunkBytes into chunk messages.
+// A first message larger than maxBytes is refused with an *Error before anything is sent:
+// grpc-go would fail the whole call for it.
 func (s *Session) send(req *samplerdv1.SampleRequest) error {
 	data := req.GetLogits().GetInlineData()
 	if s.chunkBytes <= 0 || len(data) <= s.chunkBytes {
-		return s.stream.Send(&samplerdv1.SampleStreamRequest{Request: req})
+		msg := &samplerdv1.SampleStreamRequest{Request: req}
+		if err := s.checkSize(msg); err != nil {
+			return err
+		}
+		return s.stream.Send(msg)
 	}
 	// The first message carries the request with the first chunk of its bytes, the following
 	// ones only chunks. The caller's request is not modified.
@@ -97,7 +112,12 @@ func (s *Session) send(req *samplerdv1.SampleRequest) error {
 			Data: &samplerdv1.Tensor_InlineData{InlineData: data[:s.chunkBytes]},
 		},
 	}
-	if err := s.stream.Send(&samplerdv1.SampleStreamRequest{Request: first, MoreChunks: true}); err != nil {
+	// The chunk messages that follow are no larger than this one.
+	msg := &samplerdv1.SampleStreamRequest{Request: first, MoreChunks: true}
+	if err := s.checkSize(msg); err != nil {
+		return err
+	}
+	if err := s.stream.Send(msg); err != nil {
 		return err
 	}
 	for off := s.chunkBytes; off < len(data); off += s.chunkBytes {
@@ -109,6 +129,16 @@ func (s *Session) send(req *samplerdv1.SampleRequest) error {
 		if err := s.stream.Send(msg); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkSize refuses a message larger than maxBytes (RESOURCE_EXHAUSTED).
+func (s *Session) checkSize(msg *samplerdv1.SampleStreamRequest) error {
+	if n := proto.Size(msg); s.maxBytes > 0 && n > s.maxBytes {
+		return &Error{Code: codes.ResourceExhausted, Message: fmt.Sprintf(
+			"expected a step message of at most %d bytes (WithMaxMessageBytes), got %d bytes "+
+				"(WithStreamChunkBytes splits large steps)", s.maxBytes, n)}
 	}
 	return nil
 }

@@ -2,7 +2,9 @@ package samplerd_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -72,6 +74,25 @@ func TestSessionRejectedStepKeepsTheSessionOpen(t *testing.T) {
 	res, err := s.Sample(logits, 2, 16, samplerd.Temperature(0), samplerd.RequestID("after"))
 	if err != nil {
 		t.Fatalf("step after a rejected one: %v", err)
+	}
+	equalTokens(t, "after", res.Tokens, argmax(logits, 2, 16))
+}
+
+// A step larger than the client's message limit is refused before it is sent, and the session
+// stays open: grpc-go would otherwise fail the whole stream for it, and every later step.
+func TestSessionStepOverTheMessageLimitKeepsTheSessionOpen(t *testing.T) {
+	s := openSession(t, dial(t, samplerd.WithMaxMessageBytes(64<<10)))
+	big := randomLogits(31, 1, 32<<10) // 128 KiB of logits
+	_, err := s.Sample(big, 1, 32<<10)
+	var e *samplerd.Error
+	if !errors.As(err, &e) || e.Code != codes.ResourceExhausted ||
+		!strings.HasPrefix(e.Message, "expected a step message of at most 65536 bytes (WithMaxMessageBytes), got 1310") {
+		t.Fatalf("got %v, want RESOURCE_EXHAUSTED for a step message over 65536 bytes", err)
+	}
+	logits := randomLogits(32, 2, 16)
+	res, err := s.Sample(logits, 2, 16, samplerd.Temperature(0))
+	if err != nil {
+		t.Fatalf("step after the refused one: %v", err)
 	}
 	equalTokens(t, "after", res.Tokens, argmax(logits, 2, 16))
 }
