@@ -76,7 +76,8 @@ ABSL_FLAG(int32_t, metrics_port, 0,
           "TCP port serving Prometheus metrics (text format 0.0.4) at GET /metrics over plain "
           "HTTP. 0 = off.");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0",
-          "Address the --metrics_port listener binds (e.g. 0.0.0.0, [::], 127.0.0.1).");
+          "Address the --metrics_port listener binds (e.g. 0.0.0.0, 127.0.0.1). IPv4 only with "
+          "Debian 12's civetweb, which is built without IPv6.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain of the server (leaf first). With --tls_key: TCP listeners "
           "speak TLS; both or neither. Unix sockets and the health port stay plaintext.");

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <thread>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "civetweb.h"
 
 namespace samplerd::metrics {
 namespace {
@@ -57,6 +60,41 @@ void Knock(std::string address, int port) {
   close(fd);
 }
 
+// Why civetweb could not listen on `address`:`port` (its own exception says only "null context
+// when constructing CivetServer. Possible problem binding to port."): no IPv6 in this civetweb,
+// or the error of a bind() tried the same way.
+std::string WhyNotServed(std::string address, int port, const std::string& civetweb_error) {
+  const bool ipv6 = address.find(':') != std::string::npos;
+  if (ipv6 && !HttpExporter::CanServeIpv6()) {
+    return "an IPv6 address, which this build's civetweb cannot serve (built without IPv6); use "
+           "an IPv4 address such as 0.0.0.0 or 127.0.0.1";
+  }
+  if (!address.empty() && address.front() == '[') address = address.substr(1, address.size() - 2);
+  sockaddr_storage storage = {};
+  socklen_t length = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    length = sizeof(*v6);
+  } else {
+    return civetweb_error;
+  }
+  const int fd = socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return civetweb_error;
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));  // as civetweb does
+  const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&storage), length) == 0;
+  const int error = errno;
+  close(fd);
+  return bound ? civetweb_error : std::strerror(error);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::string& address,
@@ -67,9 +105,8 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::str
         absl::StrCat("expected a metrics port in [0, 65535], got ", port));
   }
   if (!IsPlainAddress(address)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected a numeric metrics address such as 0.0.0.0, 127.0.0.1 or [::], got '",
-                     address, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected a numeric metrics address such as 0.0.0.0 or 127.0.0.1, got '", address, "'"));
   }
   std::unique_ptr<HttpExporter> exporter(new HttpExporter());
   exporter->address_ = address;
@@ -86,9 +123,9 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::str
     exporter->exposer_ = std::make_unique<prometheus::Exposer>(
         std::vector<std::string>{"listening_ports", ports, "num_threads", "8", "request_timeout_ms",
                                  "2000", "enable_keep_alive", "no"});
-  } catch (const std::exception& e) {  // civetweb's CivetException, with its reason
-    return absl::UnavailableError(
-        absl::StrCat("expected to serve metrics on ", ports, ", got: ", e.what()));
+  } catch (const std::exception& e) {  // civetweb's CivetException
+    return absl::UnavailableError(absl::StrCat("expected to serve metrics on ", ports,
+                                               ", got: ", WhyNotServed(address, port, e.what())));
   }
   // civetweb matches a handler's URI as a prefix unless it ends in '$': "/metrics" alone would
   // also answer /metrics/anything.
@@ -96,6 +133,11 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::str
   const std::vector<int> bound = exporter->exposer_->GetListeningPorts();
   exporter->port_ = bound.empty() ? port : bound.front();
   return exporter;
+}
+
+bool HttpExporter::CanServeIpv6() {
+  constexpr unsigned kCivetwebIpv6 = 8;  // mg_check_feature: "IPv6 support"
+  return mg_check_feature(kCivetwebIpv6) != 0;
 }
 
 HttpExporter::~HttpExporter() {

@@ -23,7 +23,8 @@ class HttpExporter {
   // /metrics with the exposer's own exposer_* series followed by registry->ExpositionText()
   // (gzip-compressed when the client accepts it). `registry` must outlive the exporter. Errors:
   // INVALID_ARGUMENT for a port outside [0, 65535] or an address with characters civetweb would
-  // misread, UNAVAILABLE when the port cannot be bound (with civetweb's reason).
+  // misread, UNAVAILABLE when the port cannot be bound (with the reason: bind()'s error, or an
+  // IPv6 address on a civetweb without IPv6).
   static absl::StatusOr<std::unique_ptr<HttpExporter>> Start(const std::string& address, int port,
                                                              const Registry* registry);
 
@@ -31,6 +32,9 @@ class HttpExporter {
   ~HttpExporter();
   HttpExporter(const HttpExporter&) = delete;
   HttpExporter& operator=(const HttpExporter&) = delete;
+
+  // Whether the civetweb linked in can listen on IPv6 addresses (Debian 12's cannot).
+  static bool CanServeIpv6();
 
   // The port actually bound (port 0 resolved).
   int port() const { return port_; }

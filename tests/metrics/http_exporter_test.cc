@@ -137,7 +137,24 @@ TEST_F(HttpExporterTest, TakenPortIsUnavailable) {
   absl::StatusOr<std::unique_ptr<HttpExporter>> second =
       HttpExporter::Start("127.0.0.1", exporter_->port(), &registry_);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(second.status().message()), HasSubstr("expected to serve metrics"));
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("expected to serve metrics on 127.0.0.1:" +
+                        std::to_string(exporter_->port()) + ", got: Address already in use"));
+}
+
+TEST(HttpExporter, AnIpv6AddressOnACivetwebWithoutIpv6SaysSo) {
+  // Debian 12's civetweb is built without IPv6: "[::]" failed with civetweb's "null context when
+  // constructing CivetServer. Possible problem binding to port."
+  Registry registry;
+  absl::StatusOr<std::unique_ptr<HttpExporter>> exporter =
+      HttpExporter::Start("[::1]", 0, &registry);
+  if (HttpExporter::CanServeIpv6()) {
+    EXPECT_TRUE(exporter.ok()) << exporter.status();  // a civetweb with IPv6 serves it
+    return;
+  }
+  EXPECT_EQ(exporter.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(exporter.status().message()),
+              HasSubstr("got: an IPv6 address, which this build's civetweb cannot serve"));
 }
 
 TEST(HttpExporter, RefusesPortsOutOfRangeAndOddAddresses) {
