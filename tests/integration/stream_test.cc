@@ -94,6 +94,30 @@ TEST_F(SampleStream, ChunkedStepIsReassembled) {
   EXPECT_TRUE(session->Close().ok());
 }
 
+// A step larger than the client's message limit is refused before it is written, and the
+// session stays open: gRPC would otherwise fail the whole call for it, and every later step.
+TEST_F(SampleStream, StepOverTheClientsMessageLimitFailsAloneAndTheSessionStaysOpen) {
+  ClientOptions options;
+  options.max_message_bytes = 64 << 10;
+  Client small_client(server().target(), options);
+  std::unique_ptr<SampleSession> session = small_client.OpenStream();
+  const Logits big = RandomLogits(1, 32 << 10, /*seed=*/23);  // 128 KiB of logits
+  v1::SampleResponse response;
+  grpc::Status status = session->Step(big.Request({Greedy()}), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(status.error_message().rfind("expected a step message of at most 65536 bytes "
+                                         "(ClientOptions::max_message_bytes), got 1310",
+                                         0),
+            0u)
+      << status.error_message();
+  EXPECT_TRUE(session->open());
+  std::vector<int32_t> expected;
+  status = session->Step(RotatedGreedyStep(1, &expected), &response);
+  ASSERT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  EXPECT_EQ(Tokens(response), expected);
+  EXPECT_TRUE(session->Close().ok());
+}
+
 TEST_F(SampleStream, StepAfterCloseFailsWithoutSending) {
   std::unique_ptr<SampleSession> session = client_->OpenStream();
   ASSERT_TRUE(session->Close().ok());

@@ -46,8 +46,8 @@ grpc::Status Client::GetServerInfo(v1::GetServerInfoResponse* info) {
 }
 
 std::unique_ptr<SampleSession> Client::OpenStream() {
-  return std::unique_ptr<SampleSession>(
-      new SampleSession(channel_, stub_.get(), options_.stream_chunk_bytes));
+  return std::unique_ptr<SampleSession>(new SampleSession(
+      channel_, stub_.get(), options_.stream_chunk_bytes, options_.max_message_bytes));
 }
 
 v1::SampleRequest MakeFp32Request(const float* logits, int64_t batch, int64_t vocab,

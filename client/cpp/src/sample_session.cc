@@ -8,8 +8,10 @@
 namespace samplerd {
 
 SampleSession::SampleSession(std::shared_ptr<grpc::Channel> channel, v1::SamplerService::Stub* stub,
-                             size_t chunk_bytes)
-    : channel_(std::move(channel)), chunk_bytes_(chunk_bytes) {
+                             size_t chunk_bytes, int max_message_bytes)
+    : channel_(std::move(channel)),
+      chunk_bytes_(chunk_bytes),
+      max_message_bytes_(max_message_bytes) {
   stream_ = stub->SampleStream(&context_);
 }
 
@@ -20,12 +22,19 @@ SampleSession::~SampleSession() {
   stream_->Finish().ok();
 }
 
-bool SampleSession::WriteStep(const v1::SampleRequest& request) {
+SampleSession::Written SampleSession::WriteStep(const v1::SampleRequest& request, size_t* bytes) {
+  // The first message is measured before it is written: the chunk messages after it are no
+  // larger.
+  const auto too_large = [this, bytes](const v1::SampleStreamRequest& message) {
+    *bytes = message.ByteSizeLong();
+    return max_message_bytes_ > 0 && *bytes > static_cast<size_t>(max_message_bytes_);
+  };
   const bool inline_data = request.logits().data_case() == v1::Tensor::kInlineData;
   if (chunk_bytes_ == 0 || !inline_data || request.logits().inline_data().size() <= chunk_bytes_) {
     v1::SampleStreamRequest message;
     *message.mutable_request() = request;
-    return stream_->Write(message);
+    if (too_large(message)) return Written::kTooLarge;
+    return stream_->Write(message) ? Written::kSent : Written::kBroken;
   }
   // First message: the request with the first chunk of its bytes; then chunk-only messages.
   v1::SampleStreamRequest message;
@@ -33,14 +42,15 @@ bool SampleSession::WriteStep(const v1::SampleRequest& request) {
   std::string data = std::move(*message.mutable_request()->mutable_logits()->mutable_inline_data());
   message.mutable_request()->mutable_logits()->set_inline_data(data.substr(0, chunk_bytes_));
   message.set_more_chunks(true);
-  if (!stream_->Write(message)) return false;
+  if (too_large(message)) return Written::kTooLarge;
+  if (!stream_->Write(message)) return Written::kBroken;
   for (size_t offset = chunk_bytes_; offset < data.size(); offset += chunk_bytes_) {
     v1::SampleStreamRequest chunk;
     chunk.set_chunk(data.substr(offset, chunk_bytes_));
     chunk.set_more_chunks(offset + chunk_bytes_ < data.size());
-    if (!stream_->Write(chunk)) return false;
+    if (!stream_->Write(chunk)) return Written::kBroken;
   }
-  return true;
+  return Written::kSent;
 }
 
 grpc::Status SampleSession::Fail() {
@@ -60,7 +70,19 @@ grpc::Status SampleSession::Step(const v1::SampleRequest& request, v1::SampleRes
                                              "expected an open session, got a closed one")
                               : final_status_;
   }
-  if (!WriteStep(request)) return Fail();
+  size_t bytes = 0;
+  switch (WriteStep(request, &bytes)) {
+    case Written::kSent:
+      break;
+    case Written::kTooLarge:  // nothing was sent: the stream is intact
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          "expected a step message of at most " + std::to_string(max_message_bytes_) +
+              " bytes (ClientOptions::max_message_bytes), got " + std::to_string(bytes) +
+              " bytes (ClientOptions::stream_chunk_bytes splits large steps)");
+    case Written::kBroken:
+      return Fail();
+  }
   v1::SampleStreamResponse answer;
   if (!stream_->Read(&answer)) return Fail();
   *response = std::move(*answer.mutable_response());

@@ -56,8 +56,10 @@ class SampleSession {
   //
   // Returns OK and fills *response when the step was sampled. A step the server rejected (its
   // StepStatus is not OK) returns that code and message; *response then holds what the server
-  // sent (at least the request_id) and the session stays usable. A broken stream returns the
-  // call's final status (never OK) and the session is closed: later Steps fail at once.
+  // sent (at least the request_id) and the session stays usable. So does a step whose message
+  // is larger than ClientOptions::max_message_bytes: RESOURCE_EXHAUSTED, nothing sent
+  // (stream_chunk_bytes splits such steps). A broken stream returns the call's final status
+  // (never OK) and the session is closed: later Steps fail at once.
   // `response` must not be null. Cost: one copy of the request (inline bytes included) into the
   // stream message, then its serialisation.
   grpc::Status Step(const v1::SampleRequest& request, v1::SampleResponse* response);
@@ -72,11 +74,14 @@ class SampleSession {
  private:
   friend class Client;
   SampleSession(std::shared_ptr<grpc::Channel> channel, v1::SamplerService::Stub* stub,
-                size_t chunk_bytes);
+                size_t chunk_bytes, int max_message_bytes);
 
+  enum class Written { kSent, kTooLarge, kBroken };
   // Sends `request`, splitting inline logits into chunk messages when they exceed
-  // chunk_bytes_ (0: never split). Returns false when the stream broke.
-  bool WriteStep(const v1::SampleRequest& request);
+  // chunk_bytes_ (0: never split). kTooLarge (nothing sent, *bytes set) when the first message
+  // is larger than max_message_bytes_, which gRPC would fail the whole call for; kBroken when
+  // the stream broke.
+  Written WriteStep(const v1::SampleRequest& request, size_t* bytes);
   // Ends the call after a failed read or write; returns the final status (never OK).
   grpc::Status Fail();
 
@@ -85,6 +90,7 @@ class SampleSession {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SampleStreamRequest, v1::SampleStreamResponse>>
       stream_;
   size_t chunk_bytes_;
+  int max_message_bytes_;
   bool done_ = false;          // Close() ran or the stream broke
   grpc::Status final_status_;  // the call's status once done_
 };
