@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -34,6 +35,19 @@ func (e *Error) GRPCStatus() *status.Status {
 // invalidArgument is an error for a request this package refuses to send.
 func invalidArgument(format string, args ...interface{}) *Error {
 	return &Error{Code: codes.InvalidArgument, Message: fmt.Sprintf(format, args...)}
+}
+
+// checkUTF8 refuses a string field that is not valid UTF-8: protobuf will not marshal it, and
+// grpc-go would report INTERNAL "error while marshaling" without naming the field. echo puts
+// the value in the message (not for shm keys, which the server never echoes either).
+func checkUTF8(field, value string, echo bool) error {
+	if utf8.ValidString(value) {
+		return nil
+	}
+	if echo {
+		return invalidArgument("expected %s in UTF-8, got %q", field, value)
+	}
+	return invalidArgument("expected %s in UTF-8, got one that is not", field)
 }
 
 // fromRPC converts an error returned by the generated stubs into an *Error (nil stays nil).

@@ -93,3 +93,17 @@ func TestWaitServingOnAClosedClientReturnsAtOnce(t *testing.T) {
 	}
 	wantError(t, err, codes.FailedPrecondition, "expected an open client, got a closed one")
 }
+
+// Protobuf cannot send a string that is not UTF-8: the client names the field
+// (INVALID_ARGUMENT) instead of returning grpc-go's INTERNAL "error while marshaling".
+func TestStringsThatAreNotUTF8AreRefusedNamingTheField(t *testing.T) {
+	client, ctx := dial(t), testContext(t)
+	logits := randomLogits(40, 1, 4)
+	_, err := client.Sample(ctx, logits, 1, 4, samplerd.RequestID("req-\xff"))
+	wantError(t, err, codes.InvalidArgument, `expected request_id in UTF-8, got "req-\xff"`)
+	_, err = client.Sample(ctx, logits, 1, 4, samplerd.LogitBiasRegion("lists-\xfe", 0))
+	wantError(t, err, codes.InvalidArgument, `expected logit_bias.region in UTF-8, got "lists-\xfe"`)
+	_, err = client.RegisterHostShm(ctx, "shm", "/samplerd-\xff", 0, 8)
+	wantError(t, err, codes.InvalidArgument, "expected host_shm.key in UTF-8, got one that is not")
+	wantError(t, client.Unregister(ctx, "\xc3"), codes.InvalidArgument, `expected name in UTF-8, got "\xc3"`)
+}

@@ -15,6 +15,9 @@ import (
 // NewHostShmRegion does all of it for a buffer this client owns. Do not shrink the object while
 // it is registered.
 func (c *Client) RegisterHostShm(ctx context.Context, name, key string, offset, byteSize uint64) (*samplerdv1.RegionInfo, error) {
+	if err := checkUTF8("host_shm.key", key, false); err != nil {
+		return nil, err
+	}
 	return c.register(ctx, &samplerdv1.RegisterRegionRequest{
 		Name: name,
 		Kind: &samplerdv1.RegisterRegionRequest_HostShm{HostShm: &samplerdv1.HostShmRegion{
@@ -28,6 +31,9 @@ func (c *Client) RegisterHostShm(ctx context.Context, name, key string, offset, 
 // region's start from the allocation's base, device the GPU's PCI bus id or UUID as ServerInfo
 // lists it.
 func (c *Client) RegisterGpuIpc(ctx context.Context, name string, handle []byte, offset, byteSize uint64, device string) (*samplerdv1.RegionInfo, error) {
+	if err := checkUTF8("gpu_ipc.device", device, true); err != nil {
+		return nil, err
+	}
 	return c.register(ctx, &samplerdv1.RegisterRegionRequest{
 		Name: name,
 		Kind: &samplerdv1.RegisterRegionRequest_GpuIpc{GpuIpc: &samplerdv1.GpuIpcRegion{
@@ -38,6 +44,9 @@ func (c *Client) RegisterGpuIpc(ctx context.Context, name string, handle []byte,
 
 // register sends a RegisterRegion call and returns the server's description of the region.
 func (c *Client) register(ctx context.Context, req *samplerdv1.RegisterRegionRequest) (*samplerdv1.RegionInfo, error) {
+	if err := checkUTF8("name", req.Name, true); err != nil {
+		return nil, err
+	}
 	ctx, cancel := c.callContext(ctx)
 	defer cancel()
 	resp, err := c.stub.RegisterRegion(ctx, req)
@@ -50,6 +59,9 @@ func (c *Client) register(ctx context.Context, req *samplerdv1.RegisterRegionReq
 // Unregister forgets region name; requests still using it finish first. It does not touch the
 // memory: use HostShmRegion.Close for regions made by NewHostShmRegion.
 func (c *Client) Unregister(ctx context.Context, name string) error {
+	if err := checkUTF8("name", name, true); err != nil {
+		return err
+	}
 	ctx, cancel := c.callContext(ctx)
 	defer cancel()
 	_, err := c.stub.UnregisterRegion(ctx, &samplerdv1.UnregisterRegionRequest{Name: name})

@@ -43,12 +43,24 @@ func (c *Client) SampleRequest(ctx context.Context, req *samplerdv1.SampleReques
 }
 
 // NewRequest builds the SampleRequest for t and opts. It checks only the number of values of
-// each per-row parameter (1 or t.Batch) and the number of rows and words of the logits
-// processors (processors.go), returning INVALID_ARGUMENT otherwise.
+// each per-row parameter (1 or t.Batch), the number of rows and words of the logits
+// processors (processors.go) and that the strings are UTF-8 (protobuf cannot send others),
+// returning INVALID_ARGUMENT otherwise.
 func NewRequest(t Tensor, opts ...SampleOption) (*samplerdv1.SampleRequest, error) {
 	var cfg sampleConfig
 	for _, opt := range opts {
 		opt(&cfg)
+	}
+	strs := []struct{ field, value string }{
+		{"request_id", cfg.requestID}, {"device", cfg.device}, {"logits.region", t.Region},
+		{"token_bitmask.region", cfg.bitmaskRegion.GetRegion()},
+		{"logit_bias.region", cfg.biasRegion.GetRegion()},
+		{"token_history.region", cfg.historyRegion.GetRegion()},
+	}
+	for _, s := range strs {
+		if err := checkUTF8(s.field, s.value, true); err != nil {
+			return nil, err
+		}
 	}
 	params, err := cfg.params(t.Batch)
 	if err != nil {
