@@ -144,6 +144,8 @@ func (r *HostShmRegion) WriteFP32(ctx context.Context, logits []float32, batch, 
 
 // Sample writes logits into the region (WriteFP32) and samples them by reference, with the
 // same options as Client.Sample. The tokens equal those of Client.Sample on the same logits.
+// When the server no longer knows the region (it restarted, or the region was unregistered
+// behind this object's back), Sample registers it again and retries once.
 func (r *HostShmRegion) Sample(ctx context.Context, logits []float32, batch, vocab int, opts ...SampleOption) (*Result, error) {
 	if err := checkShape(len(logits), batch, vocab); err != nil {
 		return nil, err
@@ -154,7 +156,15 @@ func (r *HostShmRegion) Sample(ctx context.Context, logits []float32, batch, voc
 		return nil, err
 	}
 	putFloat32s(r.data, logits)
-	return r.client.SampleTensor(ctx, r.Tensor(FP32, batch, vocab, 0), opts...)
+	res, err := r.client.SampleTensor(ctx, r.Tensor(FP32, batch, vocab, 0), opts...)
+	var e *Error
+	if errors.As(err, &e) && e.Code == codes.NotFound && strings.HasPrefix(e.Message, "logits.region: ") {
+		if _, err := r.client.RegisterHostShm(ctx, r.name, r.key, 0, uint64(len(r.data))); err != nil {
+			return nil, err
+		}
+		return r.client.SampleTensor(ctx, r.Tensor(FP32, batch, vocab, 0), opts...)
+	}
+	return res, err
 }
 
 // Grow makes the region at least byteSize bytes long. A larger region is registered again

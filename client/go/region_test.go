@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	samplerd "samplerd.dev/client/go"
+	"samplerd.dev/client/go/internal/testserver"
 )
 
 // regionSize returns the byte size the server lists for region name, or -1 when it lists none.
@@ -189,4 +191,51 @@ func TestClientCloseDuringNewHostShmRegionLeavesNothingBehind(t *testing.T) {
 	}
 	_, err = client.NewHostShmRegion(ctx, "go-after-close", 4096)
 	wantError(t, err, codes.FailedPrecondition, "expected an open client, got a closed one")
+}
+
+// A server restarted under a live client knows none of the old regions: HostShmRegion.Sample
+// registers its region again instead of failing with NOT_FOUND from then on.
+func TestHostShmRegionSamplesAgainAfterTheServerRestarts(t *testing.T) {
+	ctx := testContext(t)
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	start := func() *exec.Cmd {
+		cmd := exec.Command(testserver.Binary(), "--backend=cpu", "--threads=2", "--listen=unix://"+sock)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	server := start()
+	defer func() { server.Process.Kill(); server.Wait() }()
+	client, err := samplerd.Dial("unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if err := client.WaitServing(ctx); err != nil {
+		t.Fatal(err)
+	}
+	region, err := client.NewHostShmRegion(ctx, "go-restart", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits := randomLogits(50, 2, 64)
+	if _, err := region.Sample(ctx, logits, 2, 64, samplerd.Temperature(0)); err != nil {
+		t.Fatal(err)
+	}
+
+	server.Process.Kill()
+	server.Wait()
+	server = start()
+	if err := client.WaitServing(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := region.Sample(ctx, logits, 2, 64, samplerd.Temperature(0))
+	if err != nil {
+		t.Fatalf("HostShmRegion.Sample after the restart: %v", err)
+	}
+	equalTokens(t, "after the restart", res.Tokens, argmax(logits, 2, 64))
+	if err := region.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
 }
