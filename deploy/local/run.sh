@@ -26,25 +26,32 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # The server's default --listen (service/main.cc).
 readonly DEFAULT_LISTEN="unix:///run/samplerd/samplerd.sock"
 
-# Prints the value of the last --listen flag in "$@" (absl accepts --listen=X, --listen X and
-# the single-dash forms), or DEFAULT_LISTEN.
-listen_flag() {
-  local listen="${DEFAULT_LISTEN}"
+# flag_value NAME DEFAULT ARGS...: prints the value of the last --NAME flag in ARGS (absl accepts
+# --NAME=X, --NAME X and the single-dash forms), or DEFAULT.
+flag_value() {
+  local name="$1" value="$2"
+  shift 2
   while (($#)); do
     case "$1" in
-      --listen=* | -listen=*) listen="${1#*=}" ;;
-      --listen | -listen) (($# > 1)) && { listen="$2"; shift; } ;;
+      --"${name}"=* | -"${name}"=*) value="${1#*=}" ;;
+      --"${name}" | -"${name}") (($# > 1)) && { value="$2"; shift; } ;;
     esac
     shift
   done
-  printf '%s\n' "${listen}"
+  printf '%s\n' "${value}"
 }
 
-# Prints the `buf curl` connection flags and base URL for one gRPC listen address, tab-separated:
-# "unix:///abs/p" and "unix:p" -> --unix-socket; "host:port" -> http://host:port (a wildcard
-# host becomes localhost). Prints nothing for forms buf curl cannot reach (e.g. unix-abstract:).
+# Prints the value of the last --listen flag in "$@", or DEFAULT_LISTEN.
+listen_flag() { flag_value listen "${DEFAULT_LISTEN}" "$@"; }
+
+# buf_target ADDRESS [TLS_CERT [TLS_CLIENT_CA]]: prints the `buf curl` connection flags and base
+# URL for one gRPC listen address, tab-separated: "unix:///abs/p" and "unix:p" -> --unix-socket;
+# "host:port" -> http://host:port (a wildcard host becomes localhost), or with TLS_CERT (the
+# server's --tls_cert: TCP listeners speak TLS) https://host:port trusting that certificate, and
+# with TLS_CLIENT_CA placeholders for the client certificate mutual TLS asks for. Prints nothing
+# for forms buf curl cannot reach (e.g. unix-abstract:).
 buf_target() {
-  local addr="$1" path
+  local addr="$1" tls_cert="${2:-}" client_ca="${3:-}" path
   case "${addr}" in
     unix://*) path="${addr#unix://}" ;;
     unix:*) path="${addr#unix:}" ;;
@@ -52,7 +59,15 @@ buf_target() {
     *)
       local host="${addr%:*}" port="${addr##*:}"
       case "${host}" in "" | 0.0.0.0 | "[::]" | "::") host=localhost ;; esac
-      printf -- '--protocol grpc --http2-prior-knowledge\thttp://%s:%s\n' "${host}" "${port}"
+      if [[ -z "${tls_cert}" ]]; then
+        printf -- '--protocol grpc --http2-prior-knowledge\thttp://%s:%s\n' "${host}" "${port}"
+      else
+        [[ "${tls_cert}" == /* ]] || tls_cert="${PWD}/${tls_cert}"
+        local client=""
+        [[ -n "${client_ca}" ]] && client=" --cert CLIENT_CERT.pem --key CLIENT_KEY.pem"
+        printf -- '--protocol grpc --cacert %s%s\thttps://%s:%s\n' "${tls_cert}" "${client}" \
+          "${host}" "${port}"
+      fi
       return 0
       ;;
   esac
@@ -60,14 +75,20 @@ buf_target() {
   printf -- '--protocol grpc --http2-prior-knowledge --unix-socket %s\thttp://localhost\n' "${path}"
 }
 
+# print_usage_hints LISTEN [TLS_CERT [TLS_CLIENT_CA]]: where the server listens and buf curl calls
+# for it (the values of --listen, --tls_cert and --tls_client_ca).
 print_usage_hints() {
-  # Hints use the first address buf curl can reach, preferring any over a TCP port 0.
-  local listen="$1" first_target="" addr target
+  # Hints use the first address buf curl can reach, preferring any over a TCP port 0, and a unix
+  # socket (always plaintext) over a TLS port.
+  local listen="$1" tls_cert="${2:-}" client_ca="${3:-}" first_target="" addr target
   IFS=, read -ra addrs <<<"${listen}"
   for addr in "${addrs[@]}"; do
-    target="$(buf_target "${addr}")"
+    target="$(buf_target "${addr}" "${tls_cert}" "${client_ca}")"
     [[ -z "${target}" ]] && continue
-    [[ -z "${first_target}" || "${first_target}" == *:0 ]] && first_target="${target}"
+    if [[ -z "${first_target}" || "${first_target}" == *:0 ||
+          ("${first_target}" == *https://* && "${target}" != *https://*) ]]; then
+      first_target="${target}"
+    fi
   done
   printf '\nsamplerd %s\n  listening on: %s\n' "${SAMPLERD_BIN#"${SAMPLERD_ROOT}"/}" "${listen}"
   [[ -z "${first_target}" ]] && { printf '\n'; return 0; }
@@ -75,6 +96,8 @@ print_usage_hints() {
   local flags="${first_target%%$'\t'*}" base="${first_target#*$'\t'}"
   [[ "${base}" == *:0 ]] &&
     printf '  (port 0: the server logs the port it picked; use it in place of 0 below)\n'
+  [[ "${flags}" == *CLIENT_CERT.pem* ]] &&
+    printf '  (mutual TLS: use a client certificate and key that --tls_client_ca trusts)\n'
   local call="${SAMPLERD_BUF} curl ${flags}"
   local svc="${base}/samplerd.v1.SamplerService"
   # Four fp32 logits; greedy (temperature 0) picks the largest, index 2.
@@ -174,16 +197,18 @@ main() {
     # Help and version output should not be buried under hints.
     case "${arg}" in --help* | -help* | --version | -version) exec "${SAMPLERD_BIN}" "$@" ;; esac
   done
-  local listen
-  listen="$(listen_flag "$@")"
+  local -a hint_args
+  hint_args=("$(listen_flag "$@")" "$(flag_value tls_cert "" "$@")"
+             "$(flag_value tls_client_ca "" "$@")")
   if [[ "${mps}" == 1 ]]; then
     start_mps
-    print_usage_hints "${listen}"
+    print_usage_hints "${hint_args[@]}"
     run_child "$@"
     return
   fi
-  print_usage_hints "${listen}"
+  print_usage_hints "${hint_args[@]}"
   exec "${SAMPLERD_BIN}" "$@"
 }
 
-main "$@"
+# Sourced (tests/e2e/run_sh_hints_test.sh): only the functions, nothing run.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then main "$@"; fi
