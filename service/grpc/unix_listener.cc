@@ -117,6 +117,11 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
     std::string path;
     std::string name;  // what sun_path holds: the path, or NUL + the abstract name
     if (absl::StartsWith(address, kUnixAbstractScheme)) {
+      if (address.size() == kUnixAbstractScheme.size()) {  // an empty name no client can give
+        return absl::InvalidArgumentError(absl::StrCat(
+            "expected an abstract socket address unix-abstract:NAME with a name, got '", address,
+            "'"));
+      }
       name = std::string(1, '\0') + address.substr(kUnixAbstractScheme.size());
     } else {
       absl::StatusOr<std::string> parsed = UnixSocketPath(address);

@@ -251,6 +251,16 @@ TEST(Signals, SighupDrainsAndRemovesTheSocketLikeSigterm) {
   EXPECT_FALSE(Exists(socket)) << "the socket file stayed behind";
 }
 
+TEST(Listen, AnAbstractSocketWithoutANameFailsStartup) {
+  // It used to bind the empty abstract name and report SERVING where no client could connect.
+  std::string output;
+  EXPECT_EQ(RunToExit(CpuArgs("unix-abstract:"), &output), 2) << output;
+  EXPECT_TRUE(MentionsAny(
+      output, {"expected an abstract socket address unix-abstract:NAME with a name, got "
+               "'unix-abstract:'"}))
+      << output;
+}
+
 TEST(Listen, ATcpPortOutOfRangeFailsStartupInsteadOfServingOnAnother) {
   // gRPC keeps a port's low 16 bits: 99999 would have served on 34463.
   for (const std::string address : {"127.0.0.1:99999", "127.0.0.1:-1", "localhost", "[::1]:x"}) {
