@@ -174,6 +174,7 @@ TEST_F(CppDeviceSession, OptionsOverTheServerLimitsAreRefusedBeforeAnythingIsAll
     uint64_t row_stride;
     C code;
     std::string message;
+    uint32_t capacity = 0;  // of both processor lists (a processors buffer when not 0)
   };
   const Case cases[] = {
       {static_cast<uint32_t>(max_batch + 1), kVocab, 0, C::RESOURCE_EXHAUSTED,
@@ -185,6 +186,10 @@ TEST_F(CppDeviceSession, OptionsOverTheServerLimitsAreRefusedBeforeAnythingIsAll
       {kMaxBatch, kVocab, uint64_t{1} << 60, C::INVALID_ARGUMENT,
        "expected row_stride <= " + std::to_string(max_vocab * 16) + ", got " +
            std::to_string(uint64_t{1} << 60)},
+      // 2 x 2^30 list entries: a 19 GB processors buffer.
+      {4096, 1 << 18, 0, C::INVALID_ARGUMENT,
+       "expected logit_bias_capacity + token_history_capacity <= 2147483647, got 2147483648",
+       1u << 30},
   };
   for (const Case& c : cases) {
     DeviceSessionOptions options = HostOptions();
@@ -192,6 +197,8 @@ TEST_F(CppDeviceSession, OptionsOverTheServerLimitsAreRefusedBeforeAnythingIsAll
     options.vocab = c.vocab;
     options.row_stride = c.row_stride;
     options.shm_key = key;
+    options.processors = c.capacity != 0;
+    options.logit_bias_capacity = options.token_history_capacity = c.capacity;
     std::unique_ptr<DeviceSession> session;
     const grpc::Status status = DeviceSession::Open(client_.get(), options, &session);
     EXPECT_EQ(status.error_code(), c.code) << status.error_message();

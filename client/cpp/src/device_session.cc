@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -86,6 +87,11 @@ grpc::Status CheckServerLimits(const DeviceSessionOptions& o, const v1::Limits& 
       return Invalid(std::string("expected ") + name + " <= max_batch * vocab = " +
                      std::to_string(max_entries) + ", got " + std::to_string(capacity));
     }
+  }
+  const uint64_t entries = uint64_t{o.logit_bias_capacity} + o.token_history_capacity;
+  if (entries > INT32_MAX) {
+    return Invalid("expected logit_bias_capacity + token_history_capacity <= " +
+                   std::to_string(INT32_MAX) + ", got " + std::to_string(entries));
   }
   return grpc::Status::OK;
 }
