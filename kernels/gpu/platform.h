@@ -6,7 +6,10 @@
 #ifndef SAMPLERD_KERNELS_GPU_PLATFORM_H_
 #define SAMPLERD_KERNELS_GPU_PLATFORM_H_
 
-#if defined(__HIPCC__)
+#if defined(SAMPLERD_GPU_EMULATE)
+// The CPU emulation (kernels/gpu/emu/README.md): the dialect as plain C++, launches as fibers.
+#include "kernels/gpu/emu/device.h"
+#elif defined(__HIPCC__)
 #include <hip/hip_runtime.h>
 #elif defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -90,7 +93,9 @@ namespace samplerd::kernels::gpu {
 // Threads of one hardware wave: 64 on AMD CDNA (gfx9), 32 on NVIDIA and on AMD RDNA (gfx10+).
 // Device code only; host code asks the runtime (hipDeviceProp_t::warpSize).
 // clang defines __AMDGCN_WAVEFRONT_SIZE in each AMD device pass (64 for gfx90a, 32 for gfx1030).
-#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#if defined(SAMPLERD_GPU_EMULATE)
+inline constexpr int kWaveSize = SAMPLERD_EMU_WAVE_SIZE;
+#elif defined(__AMDGCN_WAVEFRONT_SIZE)
 inline constexpr int kWaveSize = __AMDGCN_WAVEFRONT_SIZE;
 #else
 inline constexpr int kWaveSize = 32;
@@ -106,7 +111,9 @@ inline constexpr int kLogicalWarp = 32;
 // lanes (NVIDIA's lanes of a warp may run apart; AMD's waves run in lockstep but the compiler
 // may reorder without a wave-scope fence).
 __device__ __forceinline__ void WaveSync() {
-#if defined(__HIPCC__)
+#if defined(SAMPLERD_GPU_EMULATE)
+  __syncwarp();
+#elif defined(__HIPCC__)
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
   __builtin_amdgcn_wave_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
