@@ -41,6 +41,7 @@ inline float4 make_float4(float x, float y, float z, float w) { return float4{x,
 struct alignas(8) uint2 {
   unsigned x, y;
 };
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
