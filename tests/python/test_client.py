@@ -228,6 +228,24 @@ class ClientTest(unittest.TestCase):
         self.assertNotIn("pytest-shm", [r.name for r in self.client.list_regions()])
 
 
+    def test_host_shm_region_is_registered_again_after_the_server_forgot_it(self):
+        logits = random_logits(2, 300, seed=9)
+        region = self.client.register_host_shm("pytest-shm-again", logits)
+        try:
+            # What a server restart does to the registry: the name is gone, the object is not.
+            self.client._unregister_rpc("pytest-shm-again")
+            self.assertNotIn("pytest-shm-again", [r.name for r in self.client.list_regions()])
+            result = self.client.sample_region(region, temperature=0)
+            np.testing.assert_array_equal(result.tokens, np.argmax(logits, axis=1))
+            self.assertIn("pytest-shm-again", [r.name for r in self.client.list_regions()])
+            # A name that was never this client's object is not guessed at: NOT_FOUND.
+            with self.assertRaises(samplerd.SamplerError) as ctx:
+                self.client.sample_region("pytest-no-such-region", shape=(1, 300), dtype=np.float32)
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
+        finally:
+            self.client.unregister("pytest-shm-again")
+
+
 class PackagingTest(unittest.TestCase):
     """`pip install client/python` gives a working package, stubs included."""
 

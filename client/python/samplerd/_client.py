@@ -319,6 +319,17 @@ class Client:
         if enum is None:
             raise TypeError(f"sample_region: expected float32 or float16, got {dtype}")
         request = self.make_request(region=(name, offset, enum, tuple(shape)), **options)
+        try:
+            return self.sample_request(request)
+        except SamplerError as err:
+            # A server that restarted has forgotten the region: register this client's object
+            # again and retry once.
+            if not (
+                isinstance(region, HostShmRegion)
+                and err.code == grpc.StatusCode.NOT_FOUND
+                and region._register_again()
+            ):
+                raise
         return self.sample_request(request)
 
     def _unregister_rpc(self, name: str) -> None:

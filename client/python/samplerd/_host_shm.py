@@ -85,6 +85,19 @@ class HostShmRegion:
     def nbytes(self) -> int:
         return self.array.nbytes
 
+    def _register_again(self) -> bool:
+        """Registers the open object under its name again, after the server forgot it (it
+        restarted, or someone unregistered the name). True when that succeeded."""
+        if self._mmap is None:
+            return False
+        shm = pb.HostShmRegion(key=self.key, offset=0, byte_size=len(self._mmap))
+        request = pb.RegisterRegionRequest(name=self.name, host_shm=shm)
+        try:
+            self.client._call(self.client._stub.RegisterRegion, request)
+        except SamplerError:
+            return False
+        return True
+
     def close(self) -> None:
         """Unregisters the region (errors ignored), then unmaps and unlinks the object."""
         if self._mmap is None:
