@@ -88,6 +88,13 @@ POD_MUTATIONS = [
     ("nvidia", "images", "the base's placeholder DeviceClass left in",
      lambda d: [t for t in d if t["kind"] == "ResourceClaimTemplate"][0]["spec"]["spec"]
      ["devices"]["requests"][0]["exactly"].update(deviceClassName="gpu.example.com")),
+    ("nvidia", "memory-budget", "the server's default of 256 requests in flight",
+     lambda d: set_arg(d, "max_inflight", "256")),
+    ("cpu", "memory-budget", "256 MiB messages", lambda d: set_arg(d, "max_message_bytes",
+                                                                  str(256 << 20))),
+    ("amd", "memory-budget", "no --max_inflight (0 is no limit)",
+     lambda d: containers(d, "samplerd").update(
+         args=[a for a in containers(d, "samplerd")["args"] if "max_inflight" not in a])),
     ("cpu", "grace-period", "sidecar drain longer than the pod's budget",
      lambda d: set_arg(d, "grace_period", "90s")),
     ("amd", "image-user", "pod runs as another UID than the images",

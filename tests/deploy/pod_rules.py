@@ -225,6 +225,38 @@ def rule_resources(pod):
         expect("memory" in limits, f"expected a memory limit on {c['name']}")
 
 
+# What samplerd holds at its peak per inline request, as a multiple of the message's bytes (the
+# gRPC message, then its parsed copy; 2.5x measured with VmHWM on the CPU backend for 64 and
+# 128 MiB requests, deploy/README.md), and what it needs besides (threads, the GPU runtime's host
+# allocations).
+INLINE_PEAK_FACTOR = 2.5
+BASE_MEMORY_MIB = 256
+MEMORY_UNITS = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
+
+
+def memory_mib(quantity):
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)", str(quantity))
+    expect(match, f"expected a memory quantity such as 1Gi or 512Mi, got {quantity!r}")
+    return int(match.group(1)) * MEMORY_UNITS[match.group(2)]
+
+
+def rule_memory_budget(pod):
+    """The sidecar's memory limit holds its worst case of inline requests: --max_inflight at
+    once, each --max_message_bytes, at INLINE_PEAK_FACTOR, plus BASE_MEMORY_MIB. The server's
+    defaults (256 requests of 256 MiB) would get it OOM-killed: both flags must be set."""
+    limit = memory_mib(((pod.sidecar.get("resources") or {}).get("limits") or {}).get("memory"))
+    message = pod.flag("max_message_bytes")
+    inflight = pod.flag("max_inflight")
+    expect(message.isdigit() and int(message) > 0,
+           f"expected --max_message_bytes a positive byte count, got {message!r}")
+    expect(inflight.isdigit() and int(inflight) > 0,
+           f"expected --max_inflight a positive count (0 is no limit), got {inflight!r}")
+    worst = BASE_MEMORY_MIB + INLINE_PEAK_FACTOR * int(inflight) * int(message) / 2**20
+    expect(worst <= limit,
+           f"expected samplerd's memory limit ({limit:.0f} MiB) to hold {inflight} inline "
+           f"requests of {int(message) / 2**20:.0f} MiB at once ({worst:.0f} MiB), got less")
+
+
 def rule_images(pod):
     image = pod.sidecar.get("image", "")
     suffix = pod.expected["image_suffix"]
@@ -334,6 +366,7 @@ POD_RULES = {
     "process-namespace": rule_process_namespace,
     "security-context": rule_security_context,
     "resources": rule_resources,
+    "memory-budget": rule_memory_budget,
     "images": rule_images,
     "grace-period": rule_grace_period,
     "image-user": rule_image_user,
