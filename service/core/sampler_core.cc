@@ -89,6 +89,11 @@ void SamplerCore::CloseRegions() {
 }
 
 absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
+  return SampleAsync(std::move(request), std::move(done), InflightBytes());
+}
+
+absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done,
+                                      InflightBytes reserved) {
   if (faulted()) return FaultedError();
   if (draining_.load(std::memory_order_acquire)) {
     return absl::UnavailableError("samplerd is shutting down; retry on another instance");
@@ -99,41 +104,115 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
         "expected a deadline in the future, got one that passed ",
         absl::FormatDuration(now - request.deadline), " ago, before the request was queued"));
   }
-  RETURN_IF_ERROR(Admit());
-  absl::Status status = Queue(std::move(request), std::move(done));
+  // The inline bytes the server holds for this request (checked against the shape later, in
+  // validation), less what the transport reserved for it already.
+  const int64_t inline_bytes =
+      request.has_inline_data ? static_cast<int64_t>(request.inline_data.size()) : 0;
+  RETURN_IF_ERROR(Admit(std::max<int64_t>(0, inline_bytes - reserved.bytes())));
+  const int64_t bytes = std::max(inline_bytes, reserved.Take());
+  absl::Status status = Queue(std::move(request), std::move(done), bytes);
   if (!status.ok()) {
-    ReleaseAdmission();
+    ReleaseAdmission(bytes);
     Finish();
   }
   return status;
 }
 
-absl::Status SamplerCore::Admit() {
-  const int64_t limit = options_.limits.max_inflight;
+absl::StatusOr<SamplerCore::InflightBytes> SamplerCore::ReserveInflightBytes(int64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(CheckBytesLocked(bytes));
+    inflight_bytes_ += bytes;
+  }
+  if (options_.metrics != nullptr) options_.metrics->AddInflightBytes(bytes);
+  return InflightBytes(this, bytes);
+}
+
+absl::Status SamplerCore::CheckBytesLocked(int64_t bytes) const {
+  const int64_t limit = options_.limits.max_inflight_bytes;
+  if (limit <= 0 || bytes <= limit - inflight_bytes_) return absl::OkStatus();
+  // RESOURCE_EXHAUSTED also for a request larger than the whole budget, not INVALID_ARGUMENT:
+  // the request is well-formed and only over this server's configured capacity, which is how
+  // every size limit is answered (--max_batch, --max_vocab, --max_message_bytes, a chunked
+  // step over 1 GiB); the message tells it from a full budget so that clients do not retry.
+  if (bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "expected at most ", limit, " inline logits bytes in flight (--max_inflight_bytes), got ",
+        bytes,
+        " bytes in one request, which can never fit; split the batch or send the logits "
+        "in a region"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "expected at most ", limit, " inline logits bytes in flight (--max_inflight_bytes), got ",
+      bytes, " more with ", inflight_bytes_, " in flight; retry later"));
+}
+
+absl::Status SamplerCore::Admit(int64_t more_bytes) {
+  const int64_t limit = options_.limits.max_inflight;
+  const int64_t max_bytes = options_.limits.max_inflight_bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A request that can never fit is told so whatever the load.
+    if (max_bytes > 0 && more_bytes > max_bytes) return CheckBytesLocked(more_bytes);
     if (limit > 0 && admitted_ >= limit) {
       return absl::ResourceExhaustedError(absl::StrCat("server busy: ", admitted_,
                                                        " requests in flight, limit ", limit,
                                                        " (--max_inflight); retry later"));
     }
+    RETURN_IF_ERROR(CheckBytesLocked(more_bytes));
     ++admitted_;
     ++admissions_;
     ++in_flight_;
+    inflight_bytes_ += more_bytes;
   }
-  if (options_.metrics != nullptr) options_.metrics->AddInflight(1);
+  if (options_.metrics != nullptr) {
+    options_.metrics->AddInflight(1);
+    options_.metrics->AddInflightBytes(more_bytes);
+  }
   return absl::OkStatus();
 }
 
-void SamplerCore::ReleaseAdmission() {
+void SamplerCore::ReleaseAdmission(int64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     --admitted_;
+    inflight_bytes_ -= bytes;
   }
-  if (options_.metrics != nullptr) options_.metrics->AddInflight(-1);
+  if (options_.metrics != nullptr) {
+    options_.metrics->AddInflight(-1);
+    options_.metrics->AddInflightBytes(-bytes);
+  }
 }
 
-absl::Status SamplerCore::Queue(SampleRequest request, Callback done) {
+void SamplerCore::ReleaseBytes(int64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inflight_bytes_ -= bytes;
+  }
+  if (options_.metrics != nullptr) options_.metrics->AddInflightBytes(-bytes);
+}
+
+SamplerCore::InflightBytes& SamplerCore::InflightBytes::operator=(InflightBytes&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    core_ = std::exchange(other.core_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void SamplerCore::InflightBytes::Reset() {
+  if (core_ != nullptr) core_->ReleaseBytes(bytes_);
+  core_ = nullptr;
+  bytes_ = 0;
+}
+
+int64_t SamplerCore::InflightBytes::Take() {
+  core_ = nullptr;
+  return std::exchange(bytes_, 0);
+}
+
+absl::Status SamplerCore::Queue(SampleRequest request, Callback done, int64_t bytes) {
   absl::StatusOr<ValidatedBatch> batch =
       ValidateSampleRequest(request, options_.limits, [this] { return seeds_.Next(); });
   if (!batch.ok()) return batch.status();
@@ -147,8 +226,8 @@ absl::Status SamplerCore::Queue(SampleRequest request, Callback done) {
   // Shared: the executor's tasks must be copyable, leases are not.
   auto bound = std::make_shared<BoundIo>(*std::move(io));
   executor_->Submit([this, request = std::move(request), batch = *std::move(batch),
-                     done = std::move(done), bound = std::move(bound)]() mutable {
-    Run(request, batch, *bound, done);
+                     done = std::move(done), bound = std::move(bound), bytes]() mutable {
+    Run(request, batch, *bound, done, bytes);
     // The leases outlive the completion; a region unregistered meanwhile is closed by the
     // registry's closer thread, not here.
     bound.reset();
@@ -158,7 +237,7 @@ absl::Status SamplerCore::Queue(SampleRequest request, Callback done) {
 }
 
 void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bound,
-                      const Callback& done) {
+                      const Callback& done, int64_t bytes) {
   metrics::SamplerMetrics* const metrics = options_.metrics;
   const absl::Time start = absl::Now();
   if (metrics != nullptr) metrics->ObserveQueueWait(start - request.arrival);
@@ -181,7 +260,7 @@ void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bo
     refused = ResolveProcessorLists(request, batch, bound);
   }
   if (!refused.ok()) {
-    ReleaseAdmission();
+    ReleaseAdmission(bytes);
     done(refused);
     if (metrics != nullptr) metrics->ObserveTotal(absl::Now() - request.arrival);
     return;
@@ -225,8 +304,8 @@ void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bo
     }
   }
   // The slot is free before the answer leaves: a client that sends its next request as soon as
-  // it has this answer must find it free.
-  ReleaseAdmission();
+  // it has this answer must find it free (and its bytes).
+  ReleaseAdmission(bytes);
   if (status.ok()) {
     done(std::move(result));
   } else {
@@ -272,6 +351,11 @@ int64_t SamplerCore::admitted() const {
 uint64_t SamplerCore::admissions() const {
   std::lock_guard<std::mutex> lock(mu_);
   return admissions_;
+}
+
+int64_t SamplerCore::inflight_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inflight_bytes_;
 }
 
 bool SamplerCore::Drain(absl::Time deadline) {

@@ -109,6 +109,12 @@ void SamplerMetrics::Register(prometheus::Registry& registry) {
                            "answered (bounded by --max_inflight).",
                            registry)
                    .Add({});
+  inflight_bytes_ = &BuildFamily(prometheus::BuildGauge(), "samplerd_inflight_bytes",
+                                 "Inline logits bytes of the sampling requests and stream steps "
+                                 "admitted and not yet answered, plus those reserved by chunked "
+                                 "stream steps being assembled (bounded by --max_inflight_bytes).",
+                                 registry)
+                         .Add({});
   build_info_ = &BuildFamily(prometheus::BuildGauge(), "samplerd_build_info",
                              "Always 1; the labels describe the server.", registry);
 }

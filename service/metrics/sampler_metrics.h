@@ -11,6 +11,9 @@
 //   samplerd_ipc_opens_total{kind,result}       counter  GPU IPC opens: memory|event, ok|error
 //   samplerd_inflight_requests                  gauge    sampling requests and stream steps
 //                                                        admitted and not yet answered
+//   samplerd_inflight_bytes                     gauge    their inline logits bytes, plus those
+//                                                        reserved by chunked stream steps
+//                                                        being assembled
 //   samplerd_build_info{version,backend}        gauge    always 1
 //
 // Label values come from fixed enums below (gRPC codes: the 17 canonical names), so the number
@@ -99,6 +102,10 @@ class SamplerMetrics {
   // Admitted sampling work: +1 when a request or step is admitted, -1 when it is answered.
   void AddInflight(int64_t delta) { inflight_->Increment(static_cast<double>(delta)); }
 
+  // Inline logits bytes admitted or reserved: + when admitted or reserved, - when answered or
+  // given back.
+  void AddInflightBytes(int64_t delta) { inflight_bytes_->Increment(static_cast<double>(delta)); }
+
  private:
   SamplerMetrics() = default;
 
@@ -121,6 +128,7 @@ class SamplerMetrics {
   prometheus::Gauge* regions_gpu_ipc_ = nullptr;
   std::array<std::array<prometheus::Counter*, 2>, 2> ipc_opens_{};  // [memory, event][ok, error]
   prometheus::Gauge* inflight_ = nullptr;
+  prometheus::Gauge* inflight_bytes_ = nullptr;
   prometheus::Family<prometheus::Gauge>* build_info_ = nullptr;
 };
 

@@ -45,7 +45,8 @@ TEST_F(SamplerMetricsTest, EveryFamilyHasHelpAndTypeOnceItHasASeries) {
         "samplerd_input_bytes_total counter", "samplerd_queue_wait_seconds histogram",
         "samplerd_backend_seconds histogram", "samplerd_request_duration_seconds histogram",
         "samplerd_regions gauge", "samplerd_ipc_opens_total counter",
-        "samplerd_inflight_requests gauge", "samplerd_build_info gauge"}) {
+        "samplerd_inflight_requests gauge", "samplerd_inflight_bytes gauge",
+        "samplerd_build_info gauge"}) {
     EXPECT_THAT(text, HasSubstr(std::string("# TYPE ") + family + "\n")) << family;
   }
   EXPECT_THAT(text, HasSubstr("# HELP samplerd_requests_total "));
@@ -59,6 +60,7 @@ TEST_F(SamplerMetricsTest, KnownLabelSetsStartAtZero) {
   EXPECT_THAT(text, HasSubstr("samplerd_regions{kind=\"host_shm\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_ipc_opens_total{kind=\"event\",result=\"error\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_inflight_requests 0\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_inflight_bytes 0\n"));
   // Requests appear with their first (method, code).
   EXPECT_THAT(text, Not(HasSubstr("samplerd_requests_total{")));
 }
@@ -109,6 +111,8 @@ TEST_F(SamplerMetricsTest, GaugesFollowRegionsInflightAndBuildInfo) {
   metrics_->SetRegions(3, 1);
   metrics_->AddInflight(2);
   metrics_->AddInflight(-1);
+  metrics_->AddInflightBytes(4096);
+  metrics_->AddInflightBytes(-1024);
   metrics_->CountIpcOpen(IpcOpenKind::kMemory, true);
   metrics_->CountIpcOpen(IpcOpenKind::kEvent, false);
   metrics_->SetBuildInfo({"0.1.0", "cpu"});
@@ -116,6 +120,7 @@ TEST_F(SamplerMetricsTest, GaugesFollowRegionsInflightAndBuildInfo) {
   EXPECT_THAT(text, HasSubstr("samplerd_regions{kind=\"host_shm\"} 3\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_regions{kind=\"gpu_ipc\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_inflight_requests 1\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_inflight_bytes 3072\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_ipc_opens_total{kind=\"memory\",result=\"ok\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_ipc_opens_total{kind=\"event\",result=\"error\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_build_info{backend=\"cpu\",version=\"0.1.0\"} 1\n"));

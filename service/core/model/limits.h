@@ -16,6 +16,10 @@ struct Limits {
   // Sampling requests and stream steps admitted and not yet answered; one more is refused at
   // once with RESOURCE_EXHAUSTED. 0: no limit.
   int64_t max_inflight = 256;
+  // Inline logits bytes of the admitted requests and stream steps, plus the bytes reserved by
+  // chunked stream steps being assembled (SamplerCore::ReserveInflightBytes); one that would
+  // pass it is refused at once with RESOURCE_EXHAUSTED. 0: no limit.
+  int64_t max_inflight_bytes = 0;
 };
 
 }  // namespace samplerd::core
