@@ -40,6 +40,16 @@ ABSL_FLAG(int64_t, max_inflight, 256,
           "Sampling requests plus SampleStream steps admitted at once (queued or running); "
           "one more is answered RESOURCE_EXHAUSTED (\"server busy\") at once and the server "
           "keeps serving. 0 = no limit.");
+// 0 by default: the server cannot know its memory limit, and every request the server served
+// before this flag existed is still served; a deployment sets it from its limit (deploy/k8s).
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "Inline logits bytes in flight at once: those of the sampling requests and SampleStream "
+          "steps admitted, plus those of chunked steps being assembled (reserved from the "
+          "step's shape at its first message). One that would pass it is answered "
+          "RESOURCE_EXHAUSTED (\"retry later\"; a stream step on its own response) and the "
+          "server keeps serving; one larger than the whole budget can never fit. The server "
+          "holds ~2.5x a request's bytes at its peak: e.g. (memory limit - 256 MiB) / 2.5. "
+          "0 = no limit (then chunked steps, up to 1 GiB each, are bounded by nothing).");
 ABSL_FLAG(int32_t, max_device_sessions, 8,
           "Most device sessions (DeviceSession calls) open at once; one more is "
           "RESOURCE_EXHAUSTED. Each host-plane session holds CPU threads. 0 = none.");
@@ -118,6 +128,7 @@ absl::Status LimitsFromFlags(int* max_message_bytes, core::Limits* limits) {
   limits->max_vocab = absl::GetFlag(FLAGS_max_vocab);
   limits->max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);
   limits->max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  limits->max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   if (limits->max_batch < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected --max_batch >= 1, got ", limits->max_batch));
@@ -133,6 +144,10 @@ absl::Status LimitsFromFlags(int* max_message_bytes, core::Limits* limits) {
   if (limits->max_inflight < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected --max_inflight >= 0 (0 = no limit), got ", limits->max_inflight));
+  }
+  if (limits->max_inflight_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected --max_inflight_bytes >= 0 (0 = no limit), got ", limits->max_inflight_bytes));
   }
   return absl::OkStatus();
 }

@@ -95,13 +95,16 @@ void SampleStreamReactor::HandleMessageLocked() {
   if (read_.has_request()) {
     step->error = absl::InvalidArgumentError(
         "expected a chunk continuing the step in progress, got a new `request`");
+    step->message.Clear();
+    step->reserved.Reset();  // the step fails: its bytes are free for others at once
   } else if (step->error.ok()) {
     std::string* data = step->message.mutable_request()->mutable_logits()->mutable_inline_data();
     if (static_cast<int64_t>(data->size() + read_.chunk().size()) > step->expected_bytes) {
       step->error = absl::InvalidArgumentError(
           absl::StrCat("expected ", step->expected_bytes,
                        " bytes of logits for the step's shape and dtype in its chunks, got more"));
-      data->clear();
+      step->message.Clear();
+      step->reserved.Reset();
     } else {
       data->append(read_.chunk());
     }
@@ -121,6 +124,9 @@ absl::Status SampleStreamReactor::ExpectStepBytesLocked(Step* step) {
                                                      kMaxStepBytes, " bytes, got a shape of ",
                                                      step->expected_bytes, " bytes"));
   }
+  // Reserved now, not when the last chunk arrives: chunks of a step that does not fit are never
+  // collected.
+  ASSIGN_OR_RETURN(step->reserved, core_->ReserveInflightBytes(step->expected_bytes));
   return absl::OkStatus();
 }
 
@@ -140,10 +146,15 @@ void SampleStreamReactor::SubmitLocked(Step* step) {
   }
   request.deadline = DeadlineOf(*context_);
   request.is_cancelled = [this] { return context_->IsCancelled(); };
+  // A chunked step's reserved bytes go with it; the core reserves an unchunked step's itself.
   status = core_->SampleAsync(
-      std::move(request), [this, step](absl::StatusOr<core::SampleResult> result) {
+      std::move(request),
+      [this, step](absl::StatusOr<core::SampleResult> result) {
         std::lock_guard<std::mutex> lock(mu_);
         --computing_;
+        // The core no longer reads the logits and no longer counts their bytes: free them now,
+        // not when the answer has been written (a slow reader would hold them uncounted).
+        step->message.Clear();
         if (result.ok()) {
           ToProto(*result, step->response.mutable_response());
           step->response.mutable_status()->set_code(0);
@@ -155,7 +166,8 @@ void SampleStreamReactor::SubmitLocked(Step* step) {
           FailLocked(step, result.status());
         }
         ProgressLocked();
-      });
+      },
+      std::move(step->reserved));
   if (status.ok()) {
     ++computing_;  // the callback cannot run before this: it needs mu_, which we hold
   } else {
@@ -170,7 +182,8 @@ void SampleStreamReactor::FailLocked(Step* step, const absl::Status& status) {
   step->response.mutable_status()->set_code(static_cast<int>(status.code()));
   step->response.mutable_status()->set_message(std::string(status.message()));
   step->ready = true;
-  step->message.Clear();  // release the logits early
+  step->message.Clear();   // release the logits early
+  step->reserved.Reset();  // and the bytes reserved for them
   if (metrics_ != nullptr) metrics_->CountRequest(metrics::Method::kSampleStream, status.code());
 }
 

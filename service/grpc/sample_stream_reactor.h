@@ -3,7 +3,11 @@
 // StepStatus without ending the stream.
 //
 // A step may be split into chunks: a message with `request` and `more_chunks` set starts it,
-// messages with only `chunk` continue it, the first without `more_chunks` ends it.
+// messages with only `chunk` continue it, the first without `more_chunks` ends it. The bytes its
+// shape needs are reserved against --max_inflight_bytes at its first message
+// (SamplerCore::ReserveInflightBytes) and held until the step is answered, fails or the stream
+// ends; a step that does not fit is answered RESOURCE_EXHAUSTED after its last chunk (its
+// chunks are dropped as they arrive) and the stream goes on.
 //
 // A message that does not parse as a SampleStreamRequest ends the stream: nothing after it is
 // read, every step before it is answered, then the stream finishes INVALID_ARGUMENT with
@@ -53,13 +57,17 @@ class SampleStreamReactor final
     v1::SampleStreamResponse response;
     absl::Status error;          // set while assembling: the step fails once its last chunk arrives
     int64_t expected_bytes = 0;  // a chunked step's logits bytes, from its shape and dtype
-    bool ready = false;          // `response` is final
+    // A chunked step's expected_bytes, reserved at its first message; handed to the core with
+    // the step, or given back when the step fails.
+    core::SamplerCore::InflightBytes reserved;
+    bool ready = false;  // `response` is final
   };
 
   // Handles the message in read_ (mu_ held).
   void HandleMessageLocked();
-  // Reads a chunked step's shape and dtype from its first message into `step->expected_bytes`;
-  // an error (a shape over the server's limits or over kMaxStepBytes) fails the step.
+  // Reads a chunked step's shape and dtype from its first message into `step->expected_bytes`
+  // and reserves those bytes (`step->reserved`); an error (a shape over the server's limits or
+  // over kMaxStepBytes, or bytes over --max_inflight_bytes) fails the step.
   absl::Status ExpectStepBytesLocked(Step* step);
   // Starts sampling `step` (mu_ held; the step is already queued in steps_).
   void SubmitLocked(Step* step);

@@ -43,7 +43,7 @@ TEST_F(Metrics, ScrapeHasEveryFamilyAndTheBuildInfo) {
         "# TYPE samplerd_backend_seconds histogram",
         "# TYPE samplerd_request_duration_seconds histogram", "# TYPE samplerd_regions gauge",
         "# TYPE samplerd_ipc_opens_total counter", "# TYPE samplerd_inflight_requests gauge",
-        "# TYPE samplerd_build_info gauge"}) {
+        "# TYPE samplerd_inflight_bytes gauge", "# TYPE samplerd_build_info gauge"}) {
     EXPECT_TRUE(MentionsAny(text, {type})) << type;
   }
   EXPECT_EQ(SeriesValue(text, "samplerd_build_info{backend=\"cpu\",version=\"0.1.0\"}"), 1);
@@ -96,6 +96,7 @@ TEST_F(Metrics, SampleCallsMoveRequestsRowsBytesAndLatencies) {
   EXPECT_EQ(SeriesValue(after, "samplerd_request_duration_seconds_bucket{le=\"+Inf\"}"),
             SeriesValue(after, "samplerd_request_duration_seconds_count"));
   EXPECT_EQ(SeriesValue(after, "samplerd_inflight_requests"), 0);
+  EXPECT_EQ(SeriesValue(after, "samplerd_inflight_bytes"), 0);
 }
 
 TEST_F(Metrics, HostShmRegionsAreCountedByKindAndTheirBytesByTransport) {

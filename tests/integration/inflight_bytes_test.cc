@@ -1,0 +1,245 @@
+// --max_inflight_bytes on the real binary: unary requests and chunked SampleStream steps that do
+// not fit are RESOURCE_EXHAUSTED with the budget in the message, a chunked step reserves its
+// bytes at its first message (before any chunk), and the bytes come back when a step is answered,
+// when it fails and when its stream is cancelled: a request of the same size is admitted again.
+//
+// The bytes in flight are read from the server's samplerd_inflight_bytes gauge, so no request
+// has to be slow: a chunked step whose chunks have not been sent holds its reservation for as
+// long as the test wants.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "tests/integration/integration_fixture.h"
+#include "tests/integration/metrics_scrape.h"
+
+namespace samplerd::integration {
+namespace {
+
+using RawStream = grpc::ClientReaderWriter<v1::SampleStreamRequest, v1::SampleStreamResponse>;
+
+// The budget, and fp32 [1, V] requests of 4 V bytes measured against it.
+constexpr int64_t kBudget = 20'000'000;
+constexpr int64_t kVocab8MB = 2'000'000;   //  8,000,000 bytes
+constexpr int64_t kVocab14MB = 3'500'000;  // 14,000,000 bytes: does not fit beside 8 MB
+constexpr int64_t kVocab16MB = 4'000'000;  // 16,000,000 bytes
+constexpr int64_t kVocab21MB = 5'250'000;  // 21,000,000 bytes: never fits
+constexpr int64_t kChunkBytes = 1 << 20;
+
+std::string Full(int64_t more, int64_t in_flight) {
+  return "expected at most " + std::to_string(kBudget) +
+         " inline logits bytes in flight (--max_inflight_bytes), got " + std::to_string(more) +
+         " more with " + std::to_string(in_flight) + " in flight; retry later";
+}
+
+// A greedy [1, vocab] fp32 request of zeros: the answer is token 0 (ties go to the lowest index).
+v1::SampleRequest Zeros(int64_t vocab) {
+  const std::vector<float> zeros(static_cast<size_t>(vocab), 0.0f);
+  return MakeFp32Request(zeros.data(), 1, vocab, {Greedy()});
+}
+
+// The first message of a chunked step of Zeros(vocab): its shape, no bytes, more to come.
+v1::SampleStreamRequest FirstMessage(int64_t vocab) {
+  v1::SampleStreamRequest first;
+  *first.mutable_request() = Zeros(vocab);
+  first.mutable_request()->mutable_logits()->set_inline_data("");
+  first.set_more_chunks(true);
+  return first;
+}
+
+// Sends the 4 * vocab bytes of zeros that follow FirstMessage(vocab), the last chunk ending the
+// step.
+void SendChunks(RawStream* stream, int64_t vocab) {
+  const int64_t bytes = 4 * vocab;
+  const std::string chunk(kChunkBytes, '\0');
+  for (int64_t sent = 0; sent < bytes; sent += kChunkBytes) {
+    v1::SampleStreamRequest next;
+    next.set_chunk(chunk.substr(0, static_cast<size_t>(std::min(kChunkBytes, bytes - sent))));
+    next.set_more_chunks(sent + kChunkBytes < bytes);
+    ASSERT_TRUE(stream->Write(next));
+  }
+}
+
+class InflightBytes : public ServerSuite {
+ protected:
+  static void SetUpTestSuite() {
+    port_ = PickFreeTcpPort();
+    ServerProcess::Options options = CpuServerOptions();
+    options.extra_args.push_back("--max_inflight_bytes=" + std::to_string(kBudget));
+    options.extra_args.push_back("--metrics_port=" + std::to_string(port_));
+    options.extra_args.push_back("--metrics_address=127.0.0.1");
+    StartServer(options);
+  }
+
+  void SetUp() override {
+    ServerSuite::SetUp();
+    stub_ = v1::SamplerService::NewStub(
+        grpc::CreateChannel(server().target(), grpc::InsecureChannelCredentials()));
+  }
+
+  static double BytesInFlight() {
+    return SeriesValue(ScrapeMetrics(port_), "samplerd_inflight_bytes");
+  }
+
+  // Waits until the server reports `bytes` in flight; false after 30 s.
+  static bool WaitForBytesInFlight(double bytes) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      if (BytesInFlight() == bytes) return true;
+    }
+    return false;
+  }
+
+  // Sends the chunks of a step started with FirstMessage(vocab) and reads its answer.
+  static v1::SampleStreamResponse FinishStep(RawStream* stream, int64_t vocab) {
+    SendChunks(stream, vocab);
+    v1::SampleStreamResponse response;
+    EXPECT_TRUE(stream->Read(&response));
+    return response;
+  }
+
+  // A whole chunked step of Zeros(vocab) on `stream`, and its answer.
+  static v1::SampleStreamResponse ChunkedStep(RawStream* stream, int64_t vocab) {
+    EXPECT_TRUE(stream->Write(FirstMessage(vocab)));
+    return FinishStep(stream, vocab);
+  }
+
+  // Sends Zeros(vocab) as one Sample call.
+  grpc::Status Sample(int64_t vocab, v1::SampleResponse* response) {
+    return client_->Sample(Zeros(vocab), response);
+  }
+
+  inline static int port_ = 0;
+  std::unique_ptr<v1::SamplerService::Stub> stub_;
+};
+
+TEST_F(InflightBytes, AChunkedStepReservesItsBytesAtItsFirstMessageAndUnaryRequestsMustFit) {
+  ASSERT_EQ(BytesInFlight(), 0);
+  grpc::ClientContext context;
+  std::unique_ptr<RawStream> stream = stub_->SampleStream(&context);
+  ASSERT_TRUE(stream->Write(FirstMessage(kVocab8MB)));
+  // Reserved before a single chunk was sent.
+  ASSERT_TRUE(WaitForBytesInFlight(4 * kVocab8MB)) << BytesInFlight();
+
+  v1::SampleResponse response;
+  const grpc::Status full = Sample(kVocab14MB, &response);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(full.error_message(), Full(4 * kVocab14MB, 4 * kVocab8MB));
+  const grpc::Status never = Sample(kVocab21MB, &response);
+  EXPECT_EQ(never.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(never.error_message(),
+            "expected at most 20000000 inline logits bytes in flight (--max_inflight_bytes), got "
+            "21000000 bytes in one request, which can never fit; split the batch or send the "
+            "logits in a region");
+  // What fits beside the step is served.
+  const GreedyCase c = KnownGreedyBatch();
+  ASSERT_TRUE(client_->Sample(c.logits.Request({Greedy()}), &response).ok());
+  EXPECT_EQ(Tokens(response), c.expected);
+  EXPECT_EQ(BytesInFlight(), 4 * kVocab8MB);
+
+  // The step completes; its bytes were given back before its answer was sent.
+  const v1::SampleStreamResponse done = FinishStep(stream.get(), kVocab8MB);
+  EXPECT_EQ(done.status().code(), 0) << done.status().message();
+  EXPECT_EQ(Tokens(done.response()), std::vector<int32_t>{0});
+  EXPECT_EQ(BytesInFlight(), 0);
+  // Admitted again: nothing leaked.
+  const grpc::Status fits = Sample(kVocab14MB, &response);
+  ASSERT_TRUE(fits.ok()) << fits.error_message();
+  EXPECT_EQ(Tokens(response), std::vector<int32_t>{0});
+  EXPECT_EQ(BytesInFlight(), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(InflightBytes, AChunkedStepThatDoesNotFitIsRefusedOnItsResponseAndTheStreamGoesOn) {
+  grpc::ClientContext holder_context, context;
+  std::unique_ptr<RawStream> holder = stub_->SampleStream(&holder_context);
+  ASSERT_TRUE(holder->Write(FirstMessage(kVocab8MB)));
+  ASSERT_TRUE(WaitForBytesInFlight(4 * kVocab8MB)) << BytesInFlight();
+
+  std::unique_ptr<RawStream> stream = stub_->SampleStream(&context);
+  const v1::SampleStreamResponse refused = ChunkedStep(stream.get(), kVocab14MB);
+  EXPECT_EQ(refused.status().code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.status().message(), Full(4 * kVocab14MB, 4 * kVocab8MB));
+  EXPECT_EQ(BytesInFlight(), 4 * kVocab8MB);  // the refused step held none
+
+  // The stream stays usable: an unchunked step, and a chunked step that fits.
+  const GreedyCase c = KnownGreedyBatch();
+  v1::SampleStreamRequest small;
+  *small.mutable_request() = c.logits.Request({Greedy()});
+  ASSERT_TRUE(stream->Write(small));
+  v1::SampleStreamResponse answer;
+  ASSERT_TRUE(stream->Read(&answer));
+  EXPECT_EQ(answer.status().code(), 0) << answer.status().message();
+  EXPECT_EQ(Tokens(answer.response()), c.expected);
+  const v1::SampleStreamResponse fits = ChunkedStep(stream.get(), kVocab8MB);
+  EXPECT_EQ(fits.status().code(), 0) << fits.status().message();
+
+  // Once the holder's step is answered, the refused step's size fits on the same stream.
+  const v1::SampleStreamResponse held = FinishStep(holder.get(), kVocab8MB);
+  EXPECT_EQ(held.status().code(), 0) << held.status().message();
+  const v1::SampleStreamResponse retried = ChunkedStep(stream.get(), kVocab14MB);
+  EXPECT_EQ(retried.status().code(), 0) << retried.status().message();
+  EXPECT_EQ(Tokens(retried.response()), std::vector<int32_t>{0});
+  EXPECT_EQ(BytesInFlight(), 0);
+  for (RawStream* s : {holder.get(), stream.get()}) {
+    s->WritesDone();
+    EXPECT_TRUE(s->Finish().ok());
+  }
+}
+
+TEST_F(InflightBytes, CancellingAStreamGivesBackTheBytesOfItsStepInAssembly) {
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<RawStream> stream = stub_->SampleStream(&context);
+    ASSERT_TRUE(stream->Write(FirstMessage(kVocab16MB)));
+    v1::SampleStreamRequest part;
+    part.set_chunk(std::string(kChunkBytes, '\0'));
+    part.set_more_chunks(true);
+    ASSERT_TRUE(stream->Write(part));
+    ASSERT_TRUE(WaitForBytesInFlight(4 * kVocab16MB)) << BytesInFlight();
+    v1::SampleResponse response;
+    EXPECT_EQ(Sample(kVocab8MB, &response).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+    context.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  ASSERT_TRUE(WaitForBytesInFlight(0)) << BytesInFlight();
+  v1::SampleResponse response;
+  const grpc::Status fits = Sample(kVocab16MB, &response);
+  ASSERT_TRUE(fits.ok()) << fits.error_message();
+  EXPECT_EQ(Tokens(response), std::vector<int32_t>{0});
+}
+
+TEST_F(InflightBytes, AHalfCloseInTheMiddleOfAStepGivesBackItsBytes) {
+  grpc::ClientContext context;
+  std::unique_ptr<RawStream> stream = stub_->SampleStream(&context);
+  ASSERT_TRUE(stream->Write(FirstMessage(kVocab16MB)));
+  ASSERT_TRUE(WaitForBytesInFlight(4 * kVocab16MB)) << BytesInFlight();
+  stream->WritesDone();
+  v1::SampleStreamResponse failed;
+  ASSERT_TRUE(stream->Read(&failed));
+  EXPECT_EQ(failed.status().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(failed.status().message(),
+            "expected the step's remaining chunks, got the end of the stream");
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(BytesInFlight(), 0);  // given back before the step's answer was written
+  v1::SampleResponse response;
+  const grpc::Status fits = Sample(kVocab16MB, &response);
+  ASSERT_TRUE(fits.ok()) << fits.error_message();
+}
+
+TEST(InflightBytesFlag, ANegativeValueFailsStartupWithExitCode2) {
+  ServerProcess::Options options = CpuServerOptions();
+  options.extra_args.push_back("--max_inflight_bytes=-1");
+  std::string error;
+  EXPECT_EQ(ServerProcess::Start(options, &error), nullptr);
+  EXPECT_TRUE(MentionsAny(error, {"exited with status 2"})) << error;
+  EXPECT_TRUE(MentionsAny(error, {"expected --max_inflight_bytes >= 0 (0 = no limit), got -1"}))
+      << error;
+}
+
+}  // namespace
+}  // namespace samplerd::integration
