@@ -27,6 +27,11 @@ def set_arg(docs, flag, value):
     c["args"] = [a for a in c["args"] if not a.startswith(f"--{flag}=")] + [f"--{flag}={value}"]
 
 
+def drop_arg(docs, flag):
+    c = containers(docs, "samplerd")
+    c["args"] = [a for a in c["args"] if not a.startswith(f"--{flag}=")]
+
+
 # (overlay, rule expected to fail, what the mutation does, the mutation)
 POD_MUTATIONS = [
     ("nvidia", "native-sidecar", "sidecar without restartPolicy Always",
@@ -88,13 +93,19 @@ POD_MUTATIONS = [
     ("nvidia", "images", "the base's placeholder DeviceClass left in",
      lambda d: [t for t in d if t["kind"] == "ResourceClaimTemplate"][0]["spec"]["spec"]
      ["devices"]["requests"][0]["exactly"].update(deviceClassName="gpu.example.com")),
-    ("nvidia", "memory-budget", "the server's default of 256 requests in flight",
-     lambda d: set_arg(d, "max_inflight", "256")),
-    ("cpu", "memory-budget", "256 MiB messages", lambda d: set_arg(d, "max_message_bytes",
-                                                                  str(256 << 20))),
-    ("amd", "memory-budget", "no --max_inflight (0 is no limit)",
-     lambda d: containers(d, "samplerd").update(
-         args=[a for a in containers(d, "samplerd")["args"] if "max_inflight" not in a])),
+    ("nvidia", "memory-budget", "a 1 GiB --max_inflight_bytes in a 1Gi limit",
+     lambda d: set_arg(d, "max_inflight_bytes", str(1 << 30))),
+    ("cpu", "memory-budget", "--max_inflight_bytes=0 (no limit) with 256 MiB messages",
+     lambda d: (set_arg(d, "max_inflight_bytes", "0"),
+                set_arg(d, "max_message_bytes", str(256 << 20)))),
+    ("nvidia", "memory-budget",
+     "no --max_inflight_bytes and the server's default of 256 requests in flight",
+     lambda d: (drop_arg(d, "max_inflight_bytes"), set_arg(d, "max_inflight", "256"))),
+    ("cpu", "memory-budget", "no --max_inflight_bytes and 256 MiB messages",
+     lambda d: (drop_arg(d, "max_inflight_bytes"),
+                set_arg(d, "max_message_bytes", str(256 << 20)))),
+    ("amd", "memory-budget", "no --max_inflight_bytes nor --max_inflight (0 is no limit)",
+     lambda d: (drop_arg(d, "max_inflight_bytes"), drop_arg(d, "max_inflight"))),
     ("cpu", "grace-period", "sidecar drain longer than the pod's budget",
      lambda d: set_arg(d, "grace_period", "90s")),
     ("amd", "image-user", "pod runs as another UID than the images",

@@ -241,10 +241,21 @@ def memory_mib(quantity):
 
 
 def rule_memory_budget(pod):
-    """The sidecar's memory limit holds its worst case of inline requests: --max_inflight at
-    once, each --max_message_bytes, at INLINE_PEAK_FACTOR, plus BASE_MEMORY_MIB. The server's
-    defaults (256 requests of 256 MiB) would get it OOM-killed: both flags must be set."""
+    """The sidecar's memory limit holds its worst case of inline requests at INLINE_PEAK_FACTOR,
+    plus BASE_MEMORY_MIB. With --max_inflight_bytes (> 0) that case is the flag's bytes (it also
+    bounds chunked SampleStream steps, which no other flag does); without it, --max_inflight
+    requests at once, each --max_message_bytes. The server's defaults (256 requests of 256 MiB,
+    no byte budget) would get it OOM-killed: either the budget or both flags must be set."""
     limit = memory_mib(((pod.sidecar.get("resources") or {}).get("limits") or {}).get("memory"))
+    budget = pod.flags.get("max_inflight_bytes", "0")
+    expect(budget.isdigit(),
+           f"expected --max_inflight_bytes a byte count (0 is no limit), got {budget!r}")
+    if int(budget) > 0:
+        worst = BASE_MEMORY_MIB + INLINE_PEAK_FACTOR * int(budget) / 2**20
+        expect(worst <= limit,
+               f"expected samplerd's memory limit ({limit:.0f} MiB) to hold "
+               f"--max_inflight_bytes={budget} of inline requests ({worst:.0f} MiB), got less")
+        return
     message = pod.flag("max_message_bytes")
     inflight = pod.flag("max_inflight")
     expect(message.isdigit() and int(message) > 0,
