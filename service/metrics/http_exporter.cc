@@ -111,18 +111,24 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(const std::str
   std::unique_ptr<HttpExporter> exporter(new HttpExporter());
   exporter->address_ = address;
   const std::string ports = absl::StrCat(address, ":", port);
-  // civetweb gives each connection a worker for as long as it is open, including while it waits
-  // for a request's headers: with two workers and a 10 s request timeout, two clients that sent
-  // half a request stalled every scrape for ~10 s. Eight workers leave room for a scraper or two
-  // next to a few such clients, and a client that has not sent its whole request within 2 s is
-  // dropped (a scrape request is one small packet). No keep-alive: a kept-alive connection holds
-  // its worker while idle, so eight idle HTTP/1.1 clients (a scraper's connection pool, a few
-  // dashboards) stalled every scrape for the keep-alive timeout (30 s). A scrape every 15 s or
-  // more gains nothing from keeping its connection.
+  // civetweb gives each accepted connection a worker thread for as long as it is open, including
+  // while it waits for the request's headers, and hands connections to workers in arrival order
+  // (its connection_queue and the listen backlog are FIFO too): a scrape that arrives behind N
+  // connections that send nothing waits about ceil((N + 1) / workers) x request_timeout_ms. With
+  // 8 workers and 2 s, 40 silent TCP connections (an outside tester's) delayed every scrape by
+  // 10 s, Prometheus' default scrape timeout, and 64 by 16 s. With 64 workers and 1 s, 64 silent
+  // connections cost a scrape ~1 s (measured 0.95 s), 200 ~3 s. The timeout bounds a whole
+  // request, not each read (a client sending a byte every 100 ms is dropped after 1 s too), and
+  // each blocked write of the answer; a scrape request is one small packet and its answer tens of
+  // kB. A worker costs ~17 kB resident (64: +1.5 MB). No keep-alive: a kept-alive connection
+  // holds its worker while idle for keep_alive_timeout_ms (30 s), so a few idle HTTP/1.1 clients
+  // (a scraper's connection pool, dashboards) stalled every scrape; a scrape every 15 s gains
+  // nothing from it. tests/metrics/http_exporter_test.cc and tests/integration/metrics_test.cc
+  // hold these bounds.
   try {
     exporter->exposer_ = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{"listening_ports", ports, "num_threads", "8", "request_timeout_ms",
-                                 "2000", "enable_keep_alive", "no"});
+        std::vector<std::string>{"listening_ports", ports, "num_threads", "64",
+                                 "request_timeout_ms", "1000", "enable_keep_alive", "no"});
   } catch (const std::exception& e) {  // civetweb's CivetException
     return absl::UnavailableError(absl::StrCat("expected to serve metrics on ", ports,
                                                ", got: ", WhyNotServed(address, port, e.what())));

@@ -18,13 +18,14 @@ namespace samplerd::metrics {
 
 class HttpExporter {
  public:
-  // Listens on `address`:`port` ("0.0.0.0", "127.0.0.1"; port 0 picks a free one) with eight
-  // worker threads (a client that has not sent its request within 2 s is dropped) and answers GET
-  // /metrics with the exposer's own exposer_* series followed by registry->ExpositionText()
-  // (gzip-compressed when the client accepts it). `registry` must outlive the exporter. Errors:
-  // INVALID_ARGUMENT for a port outside [0, 65535] or an address with characters civetweb would
-  // misread, UNAVAILABLE when the port cannot be bound (with the reason: bind()'s error, or an
-  // IPv6 address on a civetweb without IPv6).
+  // Listens on `address`:`port` ("0.0.0.0", "127.0.0.1"; port 0 picks a free one) with 64
+  // worker threads, one per open connection (a connection that has not sent its whole request
+  // within 1 s is closed, and each serves one request: a scrape behind N silent connections waits
+  // ~ceil((N + 1) / 64) s), and answers GET /metrics with the exposer's own exposer_* series
+  // followed by registry->ExpositionText() (gzip-compressed when the client accepts it).
+  // `registry` must outlive the exporter. Errors: INVALID_ARGUMENT for a port outside [0, 65535]
+  // or an address with characters civetweb would misread, UNAVAILABLE when the port cannot be
+  // bound (with the reason: bind()'s error, or an IPv6 address on a civetweb without IPv6).
   static absl::StatusOr<std::unique_ptr<HttpExporter>> Start(const std::string& address, int port,
                                                              const Registry* registry);
 

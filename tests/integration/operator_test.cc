@@ -222,6 +222,17 @@ TEST(CommandLine, HelpNamesTheProgramOnce) {
   EXPECT_FALSE(MentionsAny(output, {"samplerd: samplerd:"})) << output;
 }
 
+TEST(CommandLine, HelpNamesTheFlagsFileByItsPathInTheSourceTreeNotTheBuildMachines) {
+  // It printed "Flags from work/main/service/flags.cc:", the checkout path of the machine that
+  // built the binary (__FILE__); the top-level CMakeLists.txt maps the source directory away.
+  std::string output;
+  RunToExit({"--help"}, &output);
+  EXPECT_TRUE(MentionsAny(output, {"Flags from service/flags.cc:"})) << output;
+  const std::string source_dir = SAMPLERD_SOURCE_DIR;  // e.g. /work/main
+  ASSERT_FALSE(source_dir.empty());
+  EXPECT_FALSE(MentionsAny(output, {source_dir.substr(1) + "/"})) << output;  // with or without /
+}
+
 TEST(Signals, AGoneLogReaderDoesNotKillTheServerOnItsNextLogLine) {
   // The log collector (a pipe's reader) exits; the server's next log line, the one SIGTERM
   // writes, must not kill it by SIGPIPE before it drains and removes its socket.

@@ -1,4 +1,5 @@
-// A minimal blocking HTTP/1.0 client for tests: one request, read until the server closes.
+// A minimal blocking HTTP/1.0 client for tests: one request, read until the server closes; and
+// silent connections that hold a server's workers.
 #ifndef SAMPLERD_TESTS_METRICS_HTTP_GET_H_
 #define SAMPLERD_TESTS_METRICS_HTTP_GET_H_
 
@@ -10,6 +11,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace samplerd::testing_http {
 
@@ -58,6 +60,26 @@ inline HttpResponse HttpRequest(int port, const std::string& method, const std::
 
 inline HttpResponse HttpGet(int port, const std::string& path) {
   return HttpRequest(port, "GET", path);
+}
+
+// `count` TCP connections to 127.0.0.1:`port` that send nothing, as idle or hostile clients hold
+// them; the caller closes them. Stops at the first connection that fails.
+inline std::vector<int> OpenSilentConnections(int port, int count) {
+  std::vector<int> fds;
+  for (int i = 0; i < count; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
 }
 
 }  // namespace samplerd::testing_http
