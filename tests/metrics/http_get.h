@@ -21,23 +21,30 @@ struct HttpResponse {
   std::string body;
 };
 
-// Sends "`method` `path` HTTP/1.0" to 127.0.0.1:`port` and returns the answer. HTTP/1.0 without
-// keep-alive: the server closes the connection after the body. Gives up after 10 s.
-inline HttpResponse HttpRequest(int port, const std::string& method, const std::string& path) {
-  HttpResponse response;
+// A TCP connection to 127.0.0.1:`port`, or -1.
+inline int ConnectLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return response;
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  if (fd < 0) return -1;
   sockaddr_in addr = {};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(port));
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
-    return response;
+    return -1;
   }
+  return fd;
+}
+
+// Sends "`method` `path` HTTP/1.0" to 127.0.0.1:`port` and returns the answer. HTTP/1.0 without
+// keep-alive: the server closes the connection after the body. Gives up after 10 s.
+inline HttpResponse HttpRequest(int port, const std::string& method, const std::string& path) {
+  HttpResponse response;
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return response;
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   const std::string request = method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
   if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request.size())) {
@@ -67,16 +74,8 @@ inline HttpResponse HttpGet(int port, const std::string& path) {
 inline std::vector<int> OpenSilentConnections(int port, int count) {
   std::vector<int> fds;
   for (int i = 0; i < count; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd = ConnectLoopback(port);
     if (fd < 0) break;
-    sockaddr_in addr = {};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      close(fd);
-      break;
-    }
     fds.push_back(fd);
   }
   return fds;
