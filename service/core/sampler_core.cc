@@ -94,10 +94,7 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done) {
 
 absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done,
                                       InflightBytes reserved) {
-  if (faulted()) return FaultedError();
-  if (draining_.load(std::memory_order_acquire)) {
-    return absl::UnavailableError("samplerd is shutting down; retry on another instance");
-  }
+  RETURN_IF_ERROR(CheckServing());
   const absl::Time now = absl::Now();
   if (now >= request.deadline) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -118,7 +115,17 @@ absl::Status SamplerCore::SampleAsync(SampleRequest request, Callback done,
   return status;
 }
 
+absl::Status SamplerCore::CheckServing() const {
+  if (faulted()) return FaultedError();
+  if (draining_.load(std::memory_order_acquire)) {
+    return absl::UnavailableError("samplerd is shutting down; retry on another instance");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SamplerCore::InflightBytes> SamplerCore::ReserveInflightBytes(int64_t bytes) {
+  // A step that can never run is refused before its chunks are collected.
+  RETURN_IF_ERROR(CheckServing());
   {
     std::lock_guard<std::mutex> lock(mu_);
     RETURN_IF_ERROR(CheckBytesLocked(bytes));

@@ -114,8 +114,9 @@ class SamplerCore {
   // Reserves `bytes` (>= 0) of limits().max_inflight_bytes for a request whose inline logits
   // arrive in pieces: call it at the first piece, where the shape is known, so that a request
   // that does not fit is refused before its pieces are collected, then pass the result to
-  // SampleAsync with the request. Errors: RESOURCE_EXHAUSTED as SampleAsync's for the bytes
-  // (no request slot is taken here). Counted (inflight_bytes()) with or without a limit.
+  // SampleAsync with the request. Errors: UNAVAILABLE while draining or once the backend has
+  // faulted (as SampleAsync), RESOURCE_EXHAUSTED as SampleAsync's for the bytes (no request
+  // slot is taken here). Counted (inflight_bytes()) with or without a limit.
   absl::StatusOr<InflightBytes> ReserveInflightBytes(int64_t bytes);
 
   // Stops accepting requests (later ones get UNAVAILABLE) and device sessions (ending the open
@@ -180,6 +181,8 @@ class SamplerCore {
   void ReleaseAdmission(int64_t bytes);
   // Ends the request for Drain: after its callback has run and its leases are released.
   void Finish();
+  // OK while the core takes new work; else UNAVAILABLE (draining, or FaultedError).
+  absl::Status CheckServing() const;
   // The status refusing work after a fault.
   absl::Status FaultedError() const;
   // The status of requests that CancelInFlight ended.

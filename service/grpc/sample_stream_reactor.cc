@@ -127,6 +127,10 @@ absl::Status SampleStreamReactor::ExpectStepBytesLocked(Step* step) {
   // Reserved now, not when the last chunk arrives: chunks of a step that does not fit are never
   // collected.
   ASSIGN_OR_RETURN(step->reserved, core_->ReserveInflightBytes(step->expected_bytes));
+  // The whole buffer at once: appending chunk by chunk would grow it by doubling, up to twice
+  // the reserved bytes (three times while a doubling copies).
+  step->message.mutable_request()->mutable_logits()->mutable_inline_data()->reserve(
+      static_cast<size_t>(step->expected_bytes));
   return absl::OkStatus();
 }
 

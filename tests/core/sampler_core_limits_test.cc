@@ -415,5 +415,15 @@ TEST_F(CoreLimits, ZeroMaxInflightBytesMeansNoLimitAndTheBytesAreStillCounted) {
   EXPECT_EQ(core_->inflight_bytes(), 0);
 }
 
+TEST_F(CoreLimits, NoBytesAreReservedWhileDraining) {
+  MakeCore(/*max_inflight=*/0, /*max_inflight_bytes=*/100);
+  EXPECT_TRUE(core_->Drain(absl::Now() + absl::Seconds(10)));
+  // A chunked step that could never run is refused at its first message, not after its chunks.
+  const absl::StatusOr<SamplerCore::InflightBytes> reserved = core_->ReserveInflightBytes(16);
+  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(reserved.status().message(), "samplerd is shutting down; retry on another instance");
+  EXPECT_EQ(core_->inflight_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace samplerd::core

@@ -88,6 +88,7 @@ class InflightBytes : public ServerSuite {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
     while (absl::Now() < deadline) {
       if (BytesInFlight() == bytes) return true;
+      absl::SleepFor(absl::Milliseconds(10));  // each scrape is a new connection
     }
     return false;
   }
@@ -229,6 +230,32 @@ TEST_F(InflightBytes, AHalfCloseInTheMiddleOfAStepGivesBackItsBytes) {
   v1::SampleResponse response;
   const grpc::Status fits = Sample(kVocab16MB, &response);
   ASSERT_TRUE(fits.ok()) << fits.error_message();
+}
+
+TEST_F(InflightBytes, ANewRequestInTheMiddleOfAStepGivesBackItsBytesBeforeTheStepEnds) {
+  grpc::ClientContext context;
+  std::unique_ptr<RawStream> stream = stub_->SampleStream(&context);
+  ASSERT_TRUE(stream->Write(FirstMessage(kVocab16MB)));
+  ASSERT_TRUE(WaitForBytesInFlight(4 * kVocab16MB)) << BytesInFlight();
+  // A `request` where a chunk was expected fails the step; its bytes are free at once, while
+  // the step still waits for its last message to be answered.
+  ASSERT_TRUE(stream->Write(FirstMessage(kVocab8MB)));
+  ASSERT_TRUE(WaitForBytesInFlight(0)) << BytesInFlight();
+  v1::SampleResponse response;
+  const grpc::Status fits = Sample(kVocab16MB, &response);
+  ASSERT_TRUE(fits.ok()) << fits.error_message();
+
+  v1::SampleStreamRequest last;
+  last.set_more_chunks(false);
+  ASSERT_TRUE(stream->Write(last));
+  v1::SampleStreamResponse failed;
+  ASSERT_TRUE(stream->Read(&failed));
+  EXPECT_EQ(failed.status().code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(failed.status().message(),
+            "expected a chunk continuing the step in progress, got a new `request`");
+  EXPECT_EQ(BytesInFlight(), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST(InflightBytesFlag, ANegativeValueFailsStartupWithExitCode2) {
