@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -53,7 +54,8 @@ struct FastCpuSampler::Impl {
       : pool(options.threads < 1 ? 1 : options.threads, options.spin_us),
         guard(options.guard),
         gather_cap(options.gather_cap),
-        inverse_cdf_extra_margin(options.inverse_cdf_extra_margin) {
+        inverse_cdf_extra_margin(options.inverse_cdf_extra_margin),
+        snapshot_logits(options.snapshot_logits) {
     cpu_fast_internal::WarmNoiseBounds();
     cpu_fast_internal::Exp2Table();
   }
@@ -100,6 +102,8 @@ struct FastCpuSampler::Impl {
   TaskGuard guard;
   const int64_t gather_cap;
   const double inverse_cdf_extra_margin;
+  const bool snapshot_logits;
+  std::vector<unsigned char> snapshot;  // snapshot_logits: [batch, vocab] elements
   std::atomic<bool> failed{false};
   std::atomic<int64_t> inverse_cdf_fallbacks{0};
   int64_t chunks = 0;  // per row
@@ -112,12 +116,45 @@ bool FastCpuSampler::Impl::SampleWithLogprobs(const SampleArgs& args) {
   return Run(args.batch, [&](int64_t row) { CpuSampleRows(args, row, row + 1); });
 }
 
-bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
+namespace {
+
+// Stats of chunk `chunk` of `row` (ComputeChunkStats). With a snapshot (`in` reads the
+// sampler's copy), a non-greedy row's chunk is first copied there from `args`, and its stats
+// are those of the copy, which every later pass reads.
+ChunkStats SnapshotChunkStats(const SampleArgs& args, const SampleArgs& in, int64_t row,
+                              int64_t chunk, const RowParams& p) {
+  if (in.logits == args.logits || p.temperature < kGreedyTemperature) {
+    return cpu_fast_internal::ComputeChunkStats(args, row, chunk, p);
+  }
+  const int64_t begin = chunk * kChunk;
+  const int64_t n = std::min(kChunk, args.vocab - begin);
+  const int64_t size = DTypeSize(args.dtype);
+  std::memcpy(
+      static_cast<unsigned char*>(const_cast<void*>(in.logits)) +
+          (row * in.row_stride + begin) * size,
+      static_cast<const unsigned char*>(args.logits) + (row * args.row_stride + begin) * size,
+      static_cast<size_t>(n * size));
+  return cpu_fast_internal::ComputeChunkStats(in, row, chunk, p);
+}
+
+}  // namespace
+
+bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
   failed.store(false);
-  if (args.batch <= 0) return true;
-  // Logprobs and logits processors: the oracle's rows (the fast passes read raw logits).
-  if (args.top_logprobs >= 0 || args.allowed_bitmask != nullptr || args.adjusts != nullptr) {
-    return SampleWithLogprobs(args);
+  if (caller_args.batch <= 0) return true;
+  // Logprobs and logits processors: the oracle's rows (the fast passes read raw logits; the
+  // oracle reads each row once, into its own buffer).
+  if (caller_args.top_logprobs >= 0 || caller_args.allowed_bitmask != nullptr ||
+      caller_args.adjusts != nullptr) {
+    return SampleWithLogprobs(caller_args);
+  }
+  // `args`: what every pass after the first reads (the snapshot, when there is one).
+  SampleArgs args = caller_args;
+  if (snapshot_logits) {
+    const size_t bytes = static_cast<size_t>(args.batch * args.vocab * DTypeSize(args.dtype));
+    if (snapshot.size() < bytes) snapshot.resize(bytes);
+    args.logits = snapshot.data();
+    args.row_stride = args.vocab;
   }
   const int64_t batch = args.batch;
   chunks = (args.vocab + kChunk - 1) / kChunk;
@@ -130,7 +167,7 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& args) {
   // 1. Stats; greedy rows end here.
   if (!Run(batch * chunks, [&](int64_t i) {
         const int64_t row = i / chunks;
-        stats[i] = cpu_fast_internal::ComputeChunkStats(args, row, i % chunks, rows[row]->p);
+        stats[i] = SnapshotChunkStats(caller_args, args, row, i % chunks, rows[row]->p);
       })) {
     return false;
   }

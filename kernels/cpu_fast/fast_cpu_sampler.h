@@ -50,6 +50,13 @@ class FastCpuSampler {
     // fraction of the row's total mass. Tests raise it (>= 1 sends every such row to the
     // oracle's InverseCdfDraw) to drive the fallback; 0 in production.
     double inverse_cdf_extra_margin = 0.0;
+    // Copy each non-greedy row's logits into the sampler's own memory as the first pass reads
+    // them, and run every later pass on the copy. For logits another process may write while a
+    // call runs (a device session's host shm): passes that saw different values would break
+    // the invariants between them (a value above the row's max falls past the last histogram
+    // bin). Greedy rows end with the first pass and are read in place. Costs batch x vocab
+    // elements of memory, kept between calls.
+    bool snapshot_logits = false;
   };
 
   explicit FastCpuSampler(const Options& options);

@@ -20,6 +20,7 @@
 #include "service/core/model/request.h"
 #include "service/core/model/validated_batch.h"
 #include "service/core/processors.h"
+#include "service/core/session/processors_snapshot.h"
 
 namespace samplerd::core {
 namespace {
@@ -237,10 +238,49 @@ TEST(SessionProcessors, EachBrokenRuleRejectsOnlyItsRow) {
     apply(buf);
     const kernels::SessionProcessors p =
         kernels::ResolveSessionProcessors(buf.data(), kM, kNb, kNh);
+    SessionProcessorsSnapshot snapshot(p, kM);
+    const kernels::SessionProcessors& copy = snapshot.Take(p, kM);
     for (uint32_t r = 0; r < kM; ++r) {
       EXPECT_EQ(kernels::SessionRowValid(p, r, kV), r != bad_row) << name << ", row " << r;
+      EXPECT_EQ(kernels::SessionRowValid(copy, r, kV), r != bad_row)
+          << name << ", row " << r << " of the host plane's copy";
     }
   }
+}
+
+// The host plane checks and merges its own copy of a step's rows (processors_snapshot.h): the
+// copy checks and merges as the buffer did when it was taken, whatever the engine writes into
+// the buffer afterwards. (Read twice from the shared memory, a token id rewritten between the
+// check and the merge indexed the sampler's row buffer out of bounds.)
+TEST(SessionProcessors, ASnapshotKeepsTheRowsAsTakenWhateverTheEngineWritesAfter) {
+  std::mt19937 rng(11);
+  size_t entries = 0;
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::vector<Row> rows = RandomRows(rng);
+    std::vector<uint8_t> buf = Pack(rows);
+    const kernels::SessionProcessors shared =
+        kernels::ResolveSessionProcessors(buf.data(), kM, kNb, kNh);
+    const uint32_t batch = 1 + static_cast<uint32_t>(rng() % kM);
+    std::vector<std::vector<kernels::TokenAdjust>> want(batch);
+    for (uint32_t r = 0; r < batch; ++r) want[r] = SessionAdjusts(shared, r);
+    SessionProcessorsSnapshot snapshot(shared, kM);
+    const kernels::SessionProcessors& copy = snapshot.Take(shared, batch);
+    for (uint8_t& byte : buf) byte = static_cast<uint8_t>(~byte);  // every bit rewritten
+    ASSERT_FALSE(kernels::SessionRowValid(shared, 0, kV)) << "the rewrite broke nothing";
+    for (uint32_t r = 0; r < batch; ++r) {
+      ASSERT_TRUE(kernels::SessionRowValid(copy, r, kV)) << "trial " << trial << " row " << r;
+      const std::vector<kernels::TokenAdjust> got = SessionAdjusts(copy, r);
+      ASSERT_EQ(got.size(), want[r].size()) << "trial " << trial << " row " << r;
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].token, want[r][i].token);
+        EXPECT_TRUE(SameBits(got[i].bias, want[r][i].bias));
+        EXPECT_TRUE(SameBits(got[i].repetition, want[r][i].repetition));
+        EXPECT_TRUE(SameBits(got[i].penalty, want[r][i].penalty));
+      }
+      entries += got.size();
+    }
+  }
+  EXPECT_GT(entries, 100u);
 }
 
 }  // namespace

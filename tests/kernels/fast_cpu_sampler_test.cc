@@ -502,6 +502,56 @@ TEST(FastCpuSamplerTest, AFaultingTaskMakesSampleReportFailure) {
   Compare(b, out, RunOracle(b), "after a fault");
 }
 
+// A device session's engine can write its logits while a step runs (host shm). With
+// snapshot_logits every pass after the first reads the sampler's own copy, so logits rewritten
+// after the first pass change no token. (Read in place, a value raised above the row's max
+// between passes indexed a histogram past its last bin and crashed the server.)
+TEST(FastCpuSamplerTest, LogitsRewrittenAfterTheFirstPassChangeNoTokenWithASnapshot) {
+  std::mt19937_64 rng(31);
+  for (DType dtype : {DType::kFp32, DType::kBf16}) {
+    Batch b = RandomBatch(dtype, 2 * static_cast<int64_t>(std::size(kSettings)), 20000, rng, false);
+    for (size_t i = 0; i < b.params.size(); ++i) {  // every setting, twice
+      const RowParams& setting = kSettings[i % std::size(kSettings)].params;
+      b.params[i].temperature = setting.temperature;
+      b.params[i].top_k = setting.top_k;
+      b.params[i].top_p = setting.top_p;
+      b.params[i].min_p = setting.min_p;
+      b.params[i].top_p_mode = setting.top_p_mode;
+    }
+    FastCpuSampler plain(Threads(1));
+    const Outputs expected = RunFast(b, plain);
+    const int64_t first_pass_tasks = b.batch * ((b.vocab + 8191) / 8192);
+    FastCpuSampler::Options options = Threads(1);
+    options.snapshot_logits = true;
+    int64_t calls = 0;
+    const std::vector<unsigned char> original = b.bytes;
+    options.guard = [&](const std::function<void()>& task) {
+      if (calls++ == first_pass_tasks) {  // the first pass is done: rewrite every logit
+        for (int64_t i = 0; i < b.batch * b.vocab; ++i) {
+          const int64_t size = DTypeSize(b.dtype);
+          b.bytes[i * size + size - 1] ^= 0x80;  // the sign bit, in fp32 and bf16
+        }
+        b.bytes[DTypeSize(b.dtype) - 1] = 0x7f;  // and token 0 of row 0 near the top of the range
+      }
+      task();
+      return true;
+    };
+    FastCpuSampler snapshot(options);
+    for (int round = 0; round < 2; ++round) {  // the snapshot's memory is reused
+      b.bytes = original;
+      calls = 0;
+      const Outputs got = RunFast(b, snapshot);
+      EXPECT_GT(calls, first_pass_tasks) << "no pass after the first: nothing was checked";
+      for (int64_t row = 0; row < b.batch; ++row) {
+        EXPECT_EQ(got.tokens[row], expected.tokens[row])
+            << DTypeName(dtype) << " round " << round << " row " << row << " ("
+            << kSettings[row % std::size(kSettings)].name << ")";
+        EXPECT_EQ(got.status[row], expected.status[row]) << "row " << row;
+      }
+    }
+  }
+}
+
 // B rows of V logits drawn as `kind` says, every row with `params` and its own seed.
 // 0: randn * 3; 1: randn * 20 (rows spanning far more than the grid's 44 logits); 2: Zipf-like
 // -1.1 ln(rank); 3: randn * 1e6 (every token but the top far below the grid); 4: randn * 3 on a

@@ -26,6 +26,7 @@
 #include "proto/samplerd/v1/device_session.h"
 #include "service/core/backend/guarded_copy.h"
 #include "service/core/model/thread_name.h"
+#include "service/core/session/processors_snapshot.h"
 
 namespace samplerd::core {
 namespace {
@@ -100,6 +101,17 @@ absl::Status TruncatedError() {
       "client truncated a host shm region of the session");
 }
 
+// The session's sampler reads the engine's shared logits: every pass under the bus-error
+// guard, and every pass after the first from its own copy (the engine may write them mid-step).
+kernels::FastCpuSampler::Options SamplerOptions(int threads, const HostPlaneOptions& options) {
+  kernels::FastCpuSampler::Options o;
+  o.threads = threads;
+  o.spin_us = std::max(0, options.spin_us);
+  o.guard = GuardedRun;
+  o.snapshot_logits = true;
+  return o;
+}
+
 class HostPlaneRunner : public PlaneRunner {
  public:
   HostPlaneRunner(SessionSpec spec, const HostPlaneOptions& options, int threads,
@@ -108,8 +120,7 @@ class HostPlaneRunner : public PlaneRunner {
         spin_(std::chrono::microseconds(std::max(0, options.spin_us))),
         sleep_(std::chrono::microseconds(std::max(1, options.sleep_us))),
         on_fault_(std::move(on_fault)),
-        sampler_(
-            kernels::FastCpuSampler::Options{threads, std::max(0, options.spin_us), GuardedRun}) {
+        sampler_(SamplerOptions(threads, options)) {
     const uint32_t m = spec_.max_batch;
     params_.resize(m);
     valid_.resize(m);
@@ -119,6 +130,7 @@ class HostPlaneRunner : public PlaneRunner {
     if (spec_.processors != nullptr) {
       processors_ = kernels::ResolveSessionProcessors(
           spec_.processors, m, spec_.logit_bias_capacity, spec_.token_history_capacity);
+      snapshot_ = std::make_unique<SessionProcessorsSnapshot>(processors_, m);
       adjust_offsets_.resize(m + 1);
     }
   }
@@ -230,25 +242,27 @@ class HostPlaneRunner : public PlaneRunner {
 
   // Checks every row's processors (a bad row becomes invalid) and merges the valid rows' entries
   // into adjusts_ / adjust_offsets_ (rows [0, batch)), with the code the GPU plane runs per row
-  // (kernels/common/session_processors.h). Returns whether any row is still valid.
+  // (kernels/common/session_processors.h). Returns whether any row is still valid. Reads the
+  // step's copy of the buffer (processors_snapshot.h), never the engine's shared memory twice.
   bool MergeProcessors(uint32_t batch) {
+    const kernels::SessionProcessors& processors = snapshot_->Take(processors_, batch);
     bool any_valid = false;
     adjusts_.clear();
     adjust_offsets_[0] = 0;
     for (uint32_t i = 0; i < batch; ++i) {
-      if (valid_[i] && !kernels::SessionRowValid(processors_, i, spec_.vocab)) {
+      if (valid_[i] && !kernels::SessionRowValid(processors, i, spec_.vocab)) {
         valid_[i] = false;
         params_[i] = kernels::RowParams{0.0f};
       }
       if (valid_[i]) {
         const size_t at = adjusts_.size();
-        const uint32_t n = kernels::MergeSessionRow(processors_, i, nullptr);
-        if (!kernels::SessionEntriesFit(at, n, processors_)) {
+        const uint32_t n = kernels::MergeSessionRow(processors, i, nullptr);
+        if (!kernels::SessionEntriesFit(at, n, processors)) {
           valid_[i] = false;
           params_[i] = kernels::RowParams{0.0f};
         } else {
           adjusts_.resize(at + n);
-          kernels::MergeSessionRow(processors_, i, adjusts_.data() + at);
+          kernels::MergeSessionRow(processors, i, adjusts_.data() + at);
           any_valid = true;
         }
       }
@@ -278,9 +292,10 @@ class HostPlaneRunner : public PlaneRunner {
   std::vector<int32_t> tokens_;
   std::vector<kernels::RowStatus> status_;
   std::vector<float> logprobs_;
-  kernels::SessionProcessors processors_;      // resolved when the session has processors
-  std::vector<kernels::TokenAdjust> adjusts_;  // the step's merged entries
-  std::vector<uint32_t> adjust_offsets_;       // [max_batch + 1]
+  kernels::SessionProcessors processors_;                // resolved when the session has processors
+  std::unique_ptr<SessionProcessorsSnapshot> snapshot_;  // each step's copy of processors_
+  std::vector<kernels::TokenAdjust> adjusts_;            // the step's merged entries
+  std::vector<uint32_t> adjust_offsets_;                 // [max_batch + 1]
 
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> steps_{0};
