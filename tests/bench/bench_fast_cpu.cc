@@ -10,9 +10,10 @@
 // BM_Oracle runs CpuSampleRows over the rows with `threads` std::threads (rows split evenly, as
 // the server's pool would); BM_Fast runs FastCpuSampler::Sample with `threads` threads (the
 // caller included; workers spin between iterations, as in a busy session). Per-iteration time
-// is one whole batch. BM_OracleTemperature / BM_FastTemperature: temperature 0.8 alone (plain
-// rows: the inverse-CDF draw) at V = 151,936 and 32,000, B in {1, 32}, threads 1 and 2.
-// Results: HOST_PLANE_RESULTS.md.
+// is one whole batch. BM_FastSnapshot: BM_Fast as the host plane runs it (snapshot_logits: each
+// non-greedy row copied by the first pass, later passes on the copy). BM_OracleTemperature /
+// BM_FastTemperature: temperature 0.8 alone (plain rows: the inverse-CDF draw) at V = 151,936 and
+// 32,000, B in {1, 32}, threads 1 and 2. Results: HOST_PLANE_RESULTS.md.
 //
 //   bench_fast_cpu --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
@@ -148,10 +149,11 @@ void RunOracle(benchmark::State& state, Fixture& f) {
   f.Report(state);
 }
 
-void RunFast(benchmark::State& state, Fixture& f) {
+void RunFast(benchmark::State& state, Fixture& f, bool snapshot_logits = false) {
   FastCpuSampler::Options options;
   options.threads = f.threads;
   options.spin_us = 100000;
+  options.snapshot_logits = snapshot_logits;
   FastCpuSampler sampler(options);
   for (auto _ : state) {
     sampler.Sample(f.args);
@@ -168,6 +170,12 @@ void BM_Oracle(benchmark::State& state) {
 void BM_Fast(benchmark::State& state) {
   Fixture f(state);
   RunFast(state, f);
+}
+
+// As the host plane runs it: non-greedy rows copied by the first pass, later passes on the copy.
+void BM_FastSnapshot(benchmark::State& state) {
+  Fixture f(state);
+  RunFast(state, f, /*snapshot_logits=*/true);
 }
 
 // Plain-temperature rows (T 0.8, no filter) at a chosen vocabulary: args B, V, threads, D.
@@ -213,6 +221,7 @@ void TemperatureArgs(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Oracle)->Apply(Args);
 BENCHMARK(BM_Fast)->Apply(Args);
+BENCHMARK(BM_FastSnapshot)->Apply(Args);
 BENCHMARK(BM_OracleTemperature)->Apply(TemperatureArgs);
 BENCHMARK(BM_FastTemperature)->Apply(TemperatureArgs);
 
