@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "service/core/model/limits.h"
 #include "service/core/model/status_macros.h"
 #include "service/core/regions/host_shm.h"
 
@@ -31,9 +32,11 @@ ABSL_FLAG(std::string, gpu, "",
           "print it) or UUID; empty = the first GPU the runtime lists (in a container given "
           "one GPU: that one). GetServerInfo lists it first. Needs --backend=gpu or auto.");
 ABSL_FLAG(int32_t, threads, 0, "Host threads of the CPU backend; 0 = one per core.");
-ABSL_FLAG(int64_t, max_batch, 4096, "Largest batch size B accepted; larger is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_batch, 4096,
+          "Largest batch size B accepted (at most 16777216); larger is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_vocab, 1 << 22,
-          "Largest vocabulary size V accepted; larger is RESOURCE_EXHAUSTED.");
+          "Largest vocabulary size V accepted (at most 2147483647: token ids are int32); larger "
+          "is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int32_t, max_top_logprobs, 64,
           "Largest LogprobOptions.top_n accepted; larger is INVALID_ARGUMENT.");
 ABSL_FLAG(int64_t, max_inflight, 256,
@@ -129,13 +132,17 @@ absl::Status LimitsFromFlags(int* max_message_bytes, core::Limits* limits) {
   limits->max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);
   limits->max_inflight = absl::GetFlag(FLAGS_max_inflight);
   limits->max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
-  if (limits->max_batch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected --max_batch >= 1, got ", limits->max_batch));
+  // Bounded so that no byte count of a request within them overflows int64 (B x row stride
+  // x 4 bytes, the stride <= 16 V): a larger --max_vocab let a request of empty data through
+  // the size check, and its buffer's size then aborted the server.
+  if (limits->max_batch < 1 || limits->max_batch > core::kMaxBatchLimit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected --max_batch in [1, ", core::kMaxBatchLimit, "], got ", limits->max_batch));
   }
-  if (limits->max_vocab < 1) {
+  if (limits->max_vocab < 1 || limits->max_vocab > core::kMaxVocabLimit) {
     return absl::InvalidArgumentError(
-        absl::StrCat("expected --max_vocab >= 1, got ", limits->max_vocab));
+        absl::StrCat("expected --max_vocab in [1, ", core::kMaxVocabLimit,
+                     "] (token ids are int32), got ", limits->max_vocab));
   }
   if (limits->max_top_logprobs < 0) {
     return absl::InvalidArgumentError(
@@ -209,8 +216,8 @@ void SetUpFlagsUsage() {
       "[--tls_client_ca=F]]\n"
       "Unix sockets are plaintext (their mode, 0660, says who may connect); TCP listeners use "
       "TLS with --tls_cert/--tls_key; the health and metrics ports are always plaintext.\n"
-      "Exit codes: 0 stopped by SIGTERM/SIGINT/SIGHUP, 2 bad flags or startup failure, 3 backend "
-      "fault (restart the process).");
+      "Exit codes: 0 stopped by SIGTERM/SIGINT/SIGHUP, 1 after --help or --version output, 2 "
+      "bad flags or startup failure, 3 backend fault (restart the process).");
   absl::FlagsUsageConfig config;
   config.contains_help_flags = IsThisFile;
   config.contains_helpshort_flags = IsThisFile;

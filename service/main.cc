@@ -1,8 +1,9 @@
 // samplerd: flags -> options, then parse -> init -> serve -> signal -> drain -> stop.
 //
-// Exit codes: 0 after SIGTERM/SIGINT/SIGHUP and a drain; 2 when the flags are bad or startup fails;
-// 3 after a sticky backend fault (e.g. a GPU error that poisons the context), so that the
-// orchestrator restarts the process.
+// Exit codes: 0 after SIGTERM/SIGINT/SIGHUP and a drain; 1 after --help or --version output
+// (Abseil's usage flags); 2 when the flags are bad or startup fails; 3 after a sticky backend
+// fault (e.g. a GPU error that poisons the context), so that the orchestrator restarts the
+// process.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>

@@ -1,5 +1,6 @@
 #include "service/core/validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -74,9 +75,16 @@ kernels::RowParams ApplyDefaults(const ParamsSpec& p, uint64_t seed) {
 
 absl::Status ValidateShape(const SampleRequest& request, const Limits& limits) {
   if (request.shape.size() != 2) {
-    return Invalid("logits.shape [B, V] (2 dimensions)",
-                   absl::StrCat("[", absl::StrJoin(request.shape, ", "), "] (",
-                                request.shape.size(), " dimensions)"));
+    // At most the first few dimensions: a status message travels in a header, and a shape of
+    // thousands of dimensions echoed whole passed the client's header limit, which then
+    // reported RESOURCE_EXHAUSTED instead of this error.
+    constexpr size_t kShown = 4;
+    const size_t shown = std::min(request.shape.size(), kShown);
+    return Invalid(
+        "logits.shape [B, V] (2 dimensions)",
+        absl::StrCat("[", absl::StrJoin(request.shape.begin(), request.shape.begin() + shown, ", "),
+                     request.shape.size() > kShown ? ", ..." : "", "] (", request.shape.size(),
+                     " dimensions)"));
   }
   const int64_t batch = request.shape[0];
   const int64_t vocab = request.shape[1];

@@ -109,6 +109,15 @@ TEST_F(ValidationTest, RefusesShapesThatAreNotTwoDimensional) {
   ExpectRefused(r, absl::StatusCode::kInvalidArgument, "got [1, 2, 2]");
   r.shape = {};
   ExpectRefused(r, absl::StatusCode::kInvalidArgument, "0 dimensions");
+  // A long shape is not echoed whole: the message travels in a header, and 3,000 dimensions
+  // passed the client's header limit (it then reported RESOURCE_EXHAUSTED, not this error).
+  r.shape.assign(3000, 7);
+  absl::StatusOr<ValidatedBatch> got = Validate(r);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(got.status().message()),
+              ::testing::EndsWith("got [7, 7, 7, 7, ...] (3000 dimensions)"));
+  EXPECT_LT(got.status().message().size(), 200u);
 }
 
 TEST_F(ValidationTest, RefusesEmptyBatchOrVocab) {

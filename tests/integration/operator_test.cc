@@ -184,6 +184,11 @@ TEST(CommandLine, ABadCommandLineExits2WithOneExpectedGotLine) {
       {{"--max_vocab=99999999999999999999"},
        "expected --max_vocab to be an integer in [-9223372036854775808, 9223372036854775807], got "
        "'99999999999999999999'"},
+      // Bounded, so that no request's byte count overflows (2^62 let an empty request through
+      // the size check and abort the server).
+      {{"--max_vocab=4611686018427387904"},
+       "expected --max_vocab in [1, 2147483647] (token ids are int32), got 4611686018427387904"},
+      {{"--max_batch=16777217"}, "expected --max_batch in [1, 16777216], got 16777217"},
       {{"--grace_period=10"},
        "expected --grace_period to be a duration with its unit, e.g. 10s or 500ms, got '10'"},
       {{"--allow_remote_regions=maybe"},

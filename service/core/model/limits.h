@@ -4,8 +4,14 @@
 #define SAMPLERD_SERVICE_CORE_MODEL_LIMITS_H_
 
 #include <cstdint>
+#include <limits>
 
 namespace samplerd::core {
+
+// The largest --max_batch and --max_vocab a server takes: token ids are int32, and every byte
+// count of a request within them (B x row stride x 4, the stride <= 16 V) fits int64.
+inline constexpr int64_t kMaxBatchLimit = int64_t{1} << 24;
+inline constexpr int64_t kMaxVocabLimit = std::numeric_limits<int32_t>::max();
 
 // The largest requests the server accepts.
 struct Limits {
