@@ -10,7 +10,8 @@
 //
 // Sampling parameters given one value apply to every row; given B values (Temperature(t...)),
 // one per row. Failures are *Error values carrying the gRPC code and the server's message
-// ("expected X, got Y"); status.Code(err) works on them.
+// ("expected X, got Y"); status.Code(err) works on them. A local OS failure (a host shm
+// object) is an *Error too, which wraps the OS error for errors.Is and errors.As.
 //
 // A decode loop keeps one stream open for its lifetime: OpenSession, then Session.Sample once
 // per step. Logits can also travel by reference through host shared memory: NewHostShmRegion

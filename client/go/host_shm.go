@@ -199,7 +199,7 @@ func (r *HostShmRegion) grow(ctx context.Context, byteSize int) error {
 	}
 	if r.data != nil {
 		if err := unix.Munmap(r.data); err != nil {
-			return fmt.Errorf("samplerd: unmapping host shm region %q: %w", r.name, err)
+			return localError(codes.Internal, err, fmt.Sprintf("host shm region %q unmapped", r.name), "munmap")
 		}
 		r.data = nil
 	}
@@ -215,30 +215,32 @@ func (r *HostShmRegion) grow(ctx context.Context, byteSize int) error {
 
 // mapObject opens the shm object (creating it when create, failing if it exists), sets its
 // size to size bytes and maps it read-write into r.data. A created object is unlinked again
-// on failure.
+// on failure. Errors are RESOURCE_EXHAUSTED, wrapping the OS error (the C++ client's code for
+// a host shm object it cannot make); the message names the region, never the key.
 func (r *HostShmRegion) mapObject(size int, create bool) error {
 	path := shmDir + r.key
 	flags := unix.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW
 	if create {
 		flags |= unix.O_CREAT | unix.O_EXCL
 	}
+	expected := fmt.Sprintf("a host shm object of %d bytes for region %q", size, r.name)
 	fd, err := unix.Open(path, flags, 0o600)
 	if err != nil {
-		return fmt.Errorf("samplerd: opening host shm object for region %q: %w", r.name, err)
+		return localError(codes.ResourceExhausted, err, expected, "open")
 	}
 	defer unix.Close(fd)
-	fail := func(what string, err error) error {
+	fail := func(op string, err error) error {
 		if create {
 			_ = unix.Unlink(path)
 		}
-		return fmt.Errorf("samplerd: %s host shm object for region %q: %w", what, r.name, err)
+		return localError(codes.ResourceExhausted, err, expected, op)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return fail("sizing", err)
+		return fail("ftruncate", err)
 	}
 	data, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return fail("mapping", err)
+		return fail("mmap", err)
 	}
 	r.data = data
 	return nil
@@ -268,18 +270,20 @@ func (r *HostShmRegion) Close() error {
 	return first
 }
 
-// release unmaps and unlinks the object.
+// release unmaps and unlinks the object. Returns the first failure as INTERNAL, wrapping the
+// OS error.
 func (r *HostShmRegion) release() error {
 	var first error
+	op := "munmap"
 	if r.data != nil {
 		first = unix.Munmap(r.data)
 		r.data = nil
 	}
 	if err := unix.Unlink(shmDir + r.key); err != nil && !errors.Is(err, unix.ENOENT) && first == nil {
-		first = err
+		first, op = err, "unlink"
 	}
 	if first != nil {
-		return fmt.Errorf("samplerd: releasing host shm region %q: %w", r.name, first)
+		return localError(codes.Internal, first, fmt.Sprintf("host shm region %q released", r.name), op)
 	}
 	return nil
 }

@@ -113,6 +113,9 @@ func TestTokenHistoryHoldsDistinctTokensWithOutputCountsAndPromptFlags(t *testin
 	}
 	_, err := buildRequest(2, 40, TokenHistory([][]int32{{1}}, nil))
 	wantInvalid(t, err, "expected prompt token ids for B = 2 rows, got 1")
+	// A longer output would otherwise be cut to B rows without a word.
+	_, err = buildRequest(2, 40, TokenHistory([][]int32{{1}, {2}}, [][]int32{{1}, {2}, {3}}))
+	wantInvalid(t, err, "expected output token ids for B = 2 rows, got 3")
 }
 
 func TestPenaltiesAreSamplingParams(t *testing.T) {

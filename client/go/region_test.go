@@ -2,11 +2,13 @@ package samplerd_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -118,6 +120,33 @@ func TestHostShmRegionNameTakenIsAlreadyExists(t *testing.T) {
 	objects, _ := filepath.Glob(fmt.Sprintf("/dev/shm/samplerd-go-dup-%d-*", os.Getpid()))
 	if len(objects) != 1 {
 		t.Errorf("shm objects %v, want only the first region's", objects)
+	}
+}
+
+// A region that cannot be mapped is the client's own failure: an *samplerd.Error
+// (RESOURCE_EXHAUSTED, as the C++ client reports a host shm object it cannot make) that wraps
+// the OS error, and nothing is left in /dev/shm or registered.
+func TestHostShmRegionTooLargeToMapIsResourceExhaustedWrappingTheErrno(t *testing.T) {
+	client, ctx := dial(t), testContext(t)
+	const size = 1 << 50 // 1 PiB: more than a process's address space
+	_, err := client.NewHostShmRegion(ctx, "go-huge", size)
+	var e *samplerd.Error
+	if !errors.As(err, &e) || e.Code != codes.ResourceExhausted {
+		t.Fatalf("got %v (%T), want a *samplerd.Error RESOURCE_EXHAUSTED", err, err)
+	}
+	prefix := fmt.Sprintf(`expected a host shm object of %d bytes for region "go-huge", got `, size)
+	if !strings.HasPrefix(e.Message, prefix) {
+		t.Errorf("message %q, want it to start with %q", e.Message, prefix)
+	}
+	// tmpfs takes the size (sparse) and mmap refuses it; a smaller file-size limit would refuse
+	// the ftruncate instead.
+	var errno syscall.Errno
+	if !errors.As(err, &errno) || !(errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EFBIG)) {
+		t.Errorf("errors.As(err, &errno) gave %v (%v), want ENOMEM or EFBIG", errno, err)
+	}
+	objects, _ := filepath.Glob(fmt.Sprintf("/dev/shm/samplerd-go-huge-%d-*", os.Getpid()))
+	if len(objects) != 0 || regionSize(t, client, "go-huge") != -1 {
+		t.Errorf("left behind: shm objects %v, listed size %d", objects, regionSize(t, client, "go-huge"))
 	}
 }
 

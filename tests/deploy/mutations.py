@@ -106,6 +106,14 @@ POD_MUTATIONS = [
                 set_arg(d, "max_message_bytes", str(256 << 20)))),
     ("amd", "memory-budget", "no --max_inflight_bytes nor --max_inflight (0 is no limit)",
      lambda d: (drop_arg(d, "max_inflight_bytes"), drop_arg(d, "max_inflight"))),
+    # The budget does not count messages received before admission: these fit the budget term
+    # alone (256 MiB + 2.5 x 128 MiB) and fail only with the messages added.
+    ("cpu", "memory-budget", "the budget set, with 4 x 64 MiB messages received beside it",
+     lambda d: set_arg(d, "max_inflight", "4")),
+    ("nvidia", "memory-budget", "the budget set, with 8 x 256 MiB messages received beside it",
+     lambda d: set_arg(d, "max_message_bytes", str(256 << 20))),
+    ("amd", "memory-budget", "the budget set, without --max_message_bytes (256 MiB by default)",
+     lambda d: drop_arg(d, "max_message_bytes")),
     ("cpu", "grace-period", "sidecar drain longer than the pod's budget",
      lambda d: set_arg(d, "grace_period", "90s")),
     ("amd", "image-user", "pod runs as another UID than the images",

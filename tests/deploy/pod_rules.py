@@ -225,10 +225,11 @@ def rule_resources(pod):
         expect("memory" in limits, f"expected a memory limit on {c['name']}")
 
 
-# What samplerd holds at its peak per inline request, as a multiple of the message's bytes (the
-# gRPC message, then its parsed copy; 2.5x measured with VmHWM on the CPU backend for 64 and
-# 128 MiB requests, deploy/README.md), and what it needs besides (threads, the GPU runtime's host
-# allocations).
+# What samplerd holds at its peak per inline message, as a multiple of its bytes: gRPC's received
+# bytes, kept until the call ends, and the parsed request (2.5x measured with VmHWM on the CPU
+# backend for 64 and 128 MiB requests, deploy/README.md). The peak comes with the parse, before
+# admission, so a message refused as over --max_inflight or --max_inflight_bytes reaches it too.
+# BASE_MEMORY_MIB is what the server needs besides (threads, the GPU runtime's host allocations).
 INLINE_PEAK_FACTOR = 2.5
 BASE_MEMORY_MIB = 256
 MEMORY_UNITS = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
@@ -240,32 +241,40 @@ def memory_mib(quantity):
     return int(match.group(1)) * MEMORY_UNITS[match.group(2)]
 
 
+def positive_flag(pod, name, what):
+    value = pod.flag(name)
+    expect(value.isdigit() and int(value) > 0, f"expected --{name} a positive {what}, got {value!r}")
+    return int(value)
+
+
 def rule_memory_budget(pod):
-    """The sidecar's memory limit holds its worst case of inline requests at INLINE_PEAK_FACTOR,
-    plus BASE_MEMORY_MIB. With --max_inflight_bytes (> 0) that case is the flag's bytes (it also
-    bounds chunked SampleStream steps, which no other flag does); without it, --max_inflight
-    requests at once, each --max_message_bytes. The server's defaults (256 requests of 256 MiB,
-    no byte budget) would get it OOM-killed: either the budget or both flags must be set."""
+    """The sidecar's memory limit holds BASE_MEMORY_MIB plus INLINE_PEAK_FACTOR x the inline
+    bytes samplerd can hold at once (deploy/README.md, "Memory", says why):
+
+      with --max_inflight_bytes (> 0):  256 MiB + 2.5 x (max_inflight_bytes
+                                                          + max_inflight x max_message_bytes)
+      without:                          256 MiB + 2.5 x max_inflight x max_message_bytes
+
+    The budget bounds the logits of admitted work, chunked SampleStream steps included (which no
+    other flag bounds); the messages term is the engine's calls received and parsed before
+    admission, which the budget does not count, up to --max_inflight of them. The server's
+    defaults (256 requests of 256 MiB, no byte budget) would get it OOM-killed, so
+    --max_message_bytes and --max_inflight must be set in every case."""
     limit = memory_mib(((pod.sidecar.get("resources") or {}).get("limits") or {}).get("memory"))
     budget = pod.flags.get("max_inflight_bytes", "0")
     expect(budget.isdigit(),
            f"expected --max_inflight_bytes a byte count (0 is no limit), got {budget!r}")
-    if int(budget) > 0:
-        worst = BASE_MEMORY_MIB + INLINE_PEAK_FACTOR * int(budget) / 2**20
-        expect(worst <= limit,
-               f"expected samplerd's memory limit ({limit:.0f} MiB) to hold "
-               f"--max_inflight_bytes={budget} of inline requests ({worst:.0f} MiB), got less")
-        return
-    message = pod.flag("max_message_bytes")
-    inflight = pod.flag("max_inflight")
-    expect(message.isdigit() and int(message) > 0,
-           f"expected --max_message_bytes a positive byte count, got {message!r}")
-    expect(inflight.isdigit() and int(inflight) > 0,
-           f"expected --max_inflight a positive count (0 is no limit), got {inflight!r}")
-    worst = BASE_MEMORY_MIB + INLINE_PEAK_FACTOR * int(inflight) * int(message) / 2**20
+    message = positive_flag(pod, "max_message_bytes", "byte count")
+    inflight = positive_flag(pod, "max_inflight", "count (0 is no limit)")
+    messages_mib = inflight * message / 2**20
+    budget_mib = int(budget) / 2**20
+    worst = BASE_MEMORY_MIB + INLINE_PEAK_FACTOR * (budget_mib + messages_mib)
+    budget_text = (f"--max_inflight_bytes={budget} ({budget_mib:.0f} MiB) of admitted logits "
+                   "plus " if budget_mib else "")
     expect(worst <= limit,
-           f"expected samplerd's memory limit ({limit:.0f} MiB) to hold {inflight} inline "
-           f"requests of {int(message) / 2**20:.0f} MiB at once ({worst:.0f} MiB), got less")
+           f"expected samplerd's memory limit ({limit:.0f} MiB) to hold {budget_text}"
+           f"{inflight} messages of {message / 2**20:.0f} MiB received before admission, at "
+           f"{INLINE_PEAK_FACTOR}x and {BASE_MEMORY_MIB} MiB besides ({worst:.0f} MiB), got less")
 
 
 def rule_images(pod):

@@ -66,7 +66,7 @@ TEST(ClientProcessors, LogitBiasIsPackedPerRowInTokenOrder) {
 
 TEST(ClientProcessors, TokenHistoryHoldsDistinctTokensWithOutputCountsAndPromptFlags) {
   v1::SampleRequest request;
-  SetTokenHistory({{1, 2}, {}, {5}}, {{2, 2, 3}, {8}}, &request);
+  ASSERT_TRUE(SetTokenHistory({{1, 2}, {}, {5}}, {{2, 2, 3}, {8}, {}}, &request).ok());
   const v1::TokenHistory& h = request.token_history();
   EXPECT_EQ(std::vector<uint32_t>(h.row_offsets().begin(), h.row_offsets().end()),
             (std::vector<uint32_t>{0, 3, 4, 5}));
@@ -106,30 +106,68 @@ TEST(ClientProcessors, PackLogitBiasLaysOutOffsetsIdsAndBiases) {
 
 TEST(ClientProcessors, PackTokenHistoryLaysOutDistinctTokensCountsAndPromptFlags) {
   // Row 0: 2 twice in the prompt and twice in the output; row 1 empty; row 2 prompt only.
-  const std::vector<uint8_t> got = PackTokenHistory({{2, 1, 2}, {}, {5, 5}}, {{2, 3, 2}});
+  std::vector<uint8_t> got;
+  ASSERT_TRUE(PackTokenHistory({{2, 1, 2}, {}, {5, 5}}, {{2, 3, 2}, {}, {}}, &got).ok());
   EXPECT_EQ(got.size(), (4u + 2 * 4) * 4 + 4);
   EXPECT_EQ(got, Le({0, 3, 3, 4,     // row_offsets
                      1, 2, 3, 5,     // token_ids
                      0, 2, 1, 0},    // output_counts
                     {1, 1, 0, 1}));  // in_prompt
-  EXPECT_EQ(PackTokenHistory({}, {{9, 9, 9}}), Le({0, 1, 9, 3}, {0}));
-  EXPECT_EQ(PackTokenHistory({}, {}), Le({0}));
+  ASSERT_TRUE(PackTokenHistory({}, {{9, 9, 9}}, &got).ok());
+  EXPECT_EQ(got, Le({0, 1, 9, 3}, {0}));
+  ASSERT_TRUE(PackTokenHistory({}, {}, &got).ok());
+  EXPECT_EQ(got, Le({0}));
 }
 
 TEST(ClientProcessors, PackedListsAreTheInlineListsOfTheSameInputs) {
   const std::vector<TokenBias> rows = {{{4, 1.0f}, {3, -1.0f}}, {}, {{0, 0.25f}}};
-  const std::vector<std::vector<int32_t>> prompt = {{1, 1}, {}, {7}}, output = {{7, 1}, {2, 2}};
+  const std::vector<std::vector<int32_t>> prompt = {{1, 1}, {}, {7}}, output = {{7, 1}, {2, 2}, {}};
   v1::SampleRequest request;
   SetLogitBias(rows, &request);
-  SetTokenHistory(prompt, output, &request);
+  ASSERT_TRUE(SetTokenHistory(prompt, output, &request).ok());
   EXPECT_EQ(PackLogitBias(rows), PackLists(request.logit_bias()));
-  EXPECT_EQ(PackTokenHistory(prompt, output), PackLists(request.token_history()));
+  std::vector<uint8_t> packed;
+  ASSERT_TRUE(PackTokenHistory(prompt, output, &packed).ok());
+  EXPECT_EQ(packed, PackLists(request.token_history()));
+}
+
+// Regression: a prompt or output vector with fewer rows than the batch was padded with rows of
+// no tokens (the longer vector set the row count), so a request the server cannot tell from a
+// correct one went out with the wrong rows penalised. Now nothing is set and nothing packed.
+TEST(ClientProcessors, TokenHistoryWithAnotherNumberOfRowsIsRefusedAndLeavesTheRequest) {
+  const std::vector<float> values(3 * 4, 0.0f);
+  v1::SampleRequest request = MakeFp32Request(values.data(), 3, 4, {Greedy()});
+  ASSERT_TRUE(SetTokenHistory({{1}, {}, {2}}, {}, &request).ok());
+  const std::string before = request.SerializeAsString();
+  grpc::Status status = SetTokenHistory({{1}, {2}}, {}, &request);  // 2 prompts for B = 3
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "expected prompt token ids for B = 3 rows, got 2");
+  status = SetTokenHistory({{1}, {}, {2}}, {{3}, {3}, {3}, {3}}, &request);  // 4 outputs
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "expected output token ids for B = 3 rows, got 4");
+  status = SetTokenHistory({{1}, {}, {2}}, {{3}}, &request);  // the shorter one, not padded
+  EXPECT_EQ(status.error_message(), "expected output token ids for B = 3 rows, got 1");
+  EXPECT_EQ(request.SerializeAsString(), before);
+
+  // Without logits (e.g. lists for a region) the two vectors must agree with each other.
+  v1::SampleRequest bare;
+  status = SetTokenHistory({{1}, {2}, {3}}, {{4}, {5}}, &bare);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "expected prompt and output token ids for the same number of rows, got 3 and 2");
+  EXPECT_FALSE(bare.has_token_history());
+  std::vector<uint8_t> packed = {7};
+  status = PackTokenHistory({{1}}, {{4}, {5}}, &packed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "expected prompt and output token ids for the same number of rows, got 1 and 2");
+  EXPECT_EQ(packed, std::vector<uint8_t>{7});
 }
 
 TEST(ClientProcessors, ListRegionsNameTheSliceAndReplaceInlineLists) {
   v1::SampleRequest request;
   SetLogitBias(TokenBias{{1, 1.0f}}, 2, &request);
-  SetTokenHistory({}, {{1}, {2}}, &request);
+  ASSERT_TRUE(SetTokenHistory({}, {{1}, {2}}, &request).ok());
   SetLogitBiasRegion("lists", 8, &request);
   SetTokenHistoryRegion("lists", 1024, &request);
   EXPECT_EQ(request.logit_bias().region().region(), "lists");
@@ -143,7 +181,7 @@ TEST(ClientProcessors, ListRegionsNameTheSliceAndReplaceInlineLists) {
                 request.token_history().in_prompt_size(),
             0);
   SetLogitBias({{}, {{3, 1.0f}}}, &request);  // inline lists after a region drop the region
-  SetTokenHistory({{5}, {}}, {}, &request);
+  ASSERT_TRUE(SetTokenHistory({{5}, {}}, {}, &request).ok());
   EXPECT_FALSE(request.logit_bias().has_region());
   EXPECT_EQ(request.logit_bias().token_ids_size(), 1);
   EXPECT_FALSE(request.token_history().has_region());
@@ -177,7 +215,7 @@ TEST_F(ClientProcessorsOverUds, ListsInAHostShmRegionGiveTheInlineTokensAndLogpr
   inline_request.mutable_logprobs()->set_source(v1::LOGPROB_SOURCE_PROCESSED);
   v1::SampleRequest plain = inline_request;
   SetLogitBias(bias, &inline_request);
-  SetTokenHistory(prompt, output, &inline_request);
+  ASSERT_TRUE(SetTokenHistory(prompt, output, &inline_request).ok());
   v1::SampleResponse want;
   grpc::Status status = client_->Sample(inline_request, &want);
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -185,7 +223,8 @@ TEST_F(ClientProcessorsOverUds, ListsInAHostShmRegionGiveTheInlineTokensAndLogpr
 
   char* base = static_cast<char*>(shm->data());
   const std::vector<uint8_t> packed_bias = PackLogitBias(bias);
-  const std::vector<uint8_t> packed_history = PackTokenHistory(prompt, output);
+  std::vector<uint8_t> packed_history;
+  ASSERT_TRUE(PackTokenHistory(prompt, output, &packed_history).ok());
   std::memcpy(base, packed_bias.data(), packed_bias.size());
   std::memcpy(base + 1024, packed_history.data(), packed_history.size());
   v1::SampleRequest request = inline_request;
@@ -260,7 +299,7 @@ TEST_F(ClientProcessorsOverUds, PenaltiesMoveTheArgmax) {
   frequency.set_frequency_penalty(0.6f);
   v1::SampleRequest request =
       MakeFp32Request(values.data(), 3, 3, {repetition, repetition, frequency});
-  SetTokenHistory({{0}, {0}, {}}, {{}, {}, {0, 0}}, &request);
+  ASSERT_TRUE(SetTokenHistory({{0}, {0}, {}}, {{}, {}, {0, 0}}, &request).ok());
   v1::SampleResponse response;
   const grpc::Status status = client_->Sample(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();

@@ -81,7 +81,7 @@ v1::SampleRequest UnaryRequest(const Logits& logits, const std::vector<v1::Sampl
   v1::SampleRequest request = logits.Request(rows);
   SetTokenBitmask(s.mask.data(), logits.batch, kVocab, &request);
   SetLogitBias(s.rows.logit_bias, &request);
-  SetTokenHistory(s.rows.prompt_token_ids, s.rows.output_token_ids, &request);
+  EXPECT_TRUE(SetTokenHistory(s.rows.prompt_token_ids, s.rows.output_token_ids, &request).ok());
   return request;
 }
 
@@ -191,6 +191,20 @@ TEST_F(CppDeviceSessionProcessors, TheBuffersStartAsNoProcessorsAndPackingChecks
   rows.repetition_penalty = {1.1f};  // one row for a batch of 2
   EXPECT_EQ(PackSessionProcessors(ProcessorOptions(), 2, rows, &packed).error_code(),
             C::INVALID_ARGUMENT);
+  // Histories whose prompts and outputs disagree with the batch are refused, not padded with
+  // rows of no tokens.
+  rows = {};
+  rows.prompt_token_ids = {{1}, {2}};
+  rows.output_token_ids = {{3}};
+  grpc::Status status = PackSessionProcessors(ProcessorOptions(), 2, rows, &packed);
+  EXPECT_EQ(status.error_code(), C::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "expected SessionProcessorRows.output_token_ids empty or of B = 2 rows, got 1");
+  rows.output_token_ids = {};
+  status = PackSessionProcessors(ProcessorOptions(), 3, rows, &packed);
+  EXPECT_EQ(status.error_message(),
+            "expected SessionProcessorRows.prompt_token_ids empty or of B = 3 rows, got 2");
+  EXPECT_TRUE(PackSessionProcessors(ProcessorOptions(), 2, rows, &packed).ok());
   rows = {};
   TokenBias many;
   for (int32_t t = 0; t < 40; ++t) many[t] = 1.0f;

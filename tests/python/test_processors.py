@@ -165,6 +165,11 @@ class PenaltyEncodingTest(unittest.TestCase):
             request(batch=2, output_token_ids=[[1], [2], [3]])
         self.assertIn("output_token_ids: expected 2 rows of token ids, got 3",
                       str(caught.exception))
+        # A shorter one beside a full one is refused too, not read as rows without tokens.
+        with self.assertRaises(ValueError) as caught:
+            request(batch=2, prompt_token_ids=[[1], [2]], output_token_ids=[[3]])
+        self.assertIn("output_token_ids: expected 2 rows of token ids, got 1",
+                      str(caught.exception))
         with self.assertRaises(ValueError):  # a flat list is not B rows
             request(batch=2, prompt_token_ids=[1, 2])
         with self.assertRaises(ValueError):

@@ -242,6 +242,18 @@ class SessionProcessorsTest(unittest.TestCase):
                 s.sample(logits, temperature=0.0, seeds=1, positions=0,
                          logit_bias={1: 1.0, 2: 1.0, 3: 1.0})
 
+    def test_histories_with_another_number_of_rows_than_the_batch_are_refused(self):
+        # One output row for 3 prompts would otherwise be broadcast to every row's offsets.
+        with self.session() as s:
+            with self.assertRaises(ValueError) as caught:
+                s.pack_processors(3, prompt_token_ids=[[1], [2], [3]], output_token_ids=[[4]])
+            self.assertIn("output_token_ids: expected 3 rows of token ids, got 1",
+                          str(caught.exception))
+            with self.assertRaises(ValueError) as caught:
+                s.pack_processors(2, prompt_token_ids=[[1], [2], [3]])
+            self.assertIn("prompt_token_ids: expected 2 rows of token ids, got 3",
+                          str(caught.exception))
+
     def test_the_server_says_it_applies_processors_and_the_client_checks_it(self):
         self.assertTrue(self.client.server_info().device_sessions.processors)
         info = pb.GetServerInfoResponse()

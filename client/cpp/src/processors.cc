@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace samplerd {
 namespace {
@@ -16,6 +17,61 @@ void Append(const Field& values, std::vector<uint8_t>* out) {
   if (values.empty()) return;
   const auto* bytes = reinterpret_cast<const uint8_t*>(values.data());
   out->insert(out->end(), bytes, bytes + values.size() * 4);
+}
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+// The number of rows of a token history of `prompt` and `output` into *rows: the size of the
+// vectors given (either may be empty: no tokens of it in any row). INVALID_ARGUMENT when a
+// non-empty vector has another number of rows than the other one, or than `batch` when known
+// (>= 0): a shorter vector would silently read as rows without tokens, a longer one be cut.
+grpc::Status HistoryRows(const std::vector<std::vector<int32_t>>& prompt,
+                         const std::vector<std::vector<int32_t>>& output, int64_t batch,
+                         size_t* rows) {
+  if (batch >= 0) {
+    for (const auto& [name, ids] : {std::pair{"prompt", &prompt}, std::pair{"output", &output}}) {
+      if (!ids->empty() && ids->size() != static_cast<uint64_t>(batch)) {
+        return Invalid(std::string("expected ") + name + " token ids for B = " +
+                       std::to_string(batch) + " rows, got " + std::to_string(ids->size()));
+      }
+    }
+  } else if (!prompt.empty() && !output.empty() && prompt.size() != output.size()) {
+    return Invalid("expected prompt and output token ids for the same number of rows, got " +
+                   std::to_string(prompt.size()) + " and " + std::to_string(output.size()));
+  }
+  *rows = std::max(prompt.size(), output.size());
+  return grpc::Status::OK;
+}
+
+// Writes the lists of `rows` rows of history into *out (an empty vector: no tokens of it in any
+// row): each row's distinct tokens in increasing order, with their output count and
+// whether the prompt has them.
+void FillTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
+                      const std::vector<std::vector<int32_t>>& output, size_t rows,
+                      v1::TokenHistory* out) {
+  out->Clear();
+  out->add_row_offsets(0);
+  struct Entry {
+    uint32_t output_count = 0;
+    bool in_prompt = false;
+  };
+  for (size_t r = 0; r < rows; ++r) {
+    std::map<int32_t, Entry> entries;  // ordered: increasing token ids
+    if (r < prompt.size()) {
+      for (const int32_t t : prompt[r]) entries[t].in_prompt = true;
+    }
+    if (r < output.size()) {
+      for (const int32_t t : output[r]) ++entries[t].output_count;
+    }
+    for (const auto& [token, entry] : entries) {
+      out->add_token_ids(token);
+      out->add_output_counts(entry.output_count);
+      out->add_in_prompt(entry.in_prompt);
+    }
+    out->add_row_offsets(static_cast<uint32_t>(out->token_ids_size()));
+  }
 }
 
 }  // namespace
@@ -52,31 +108,16 @@ void SetLogitBias(const TokenBias& bias, int64_t batch, v1::SampleRequest* reque
                request);
 }
 
-void SetTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
-                     const std::vector<std::vector<int32_t>>& output, v1::SampleRequest* request) {
-  v1::TokenHistory* out = request->mutable_token_history();
-  out->Clear();
-  out->add_row_offsets(0);
-  const size_t rows = std::max(prompt.size(), output.size());
-  struct Entry {
-    uint32_t output_count = 0;
-    bool in_prompt = false;
-  };
-  for (size_t r = 0; r < rows; ++r) {
-    std::map<int32_t, Entry> entries;  // ordered: increasing token ids
-    if (r < prompt.size()) {
-      for (const int32_t t : prompt[r]) entries[t].in_prompt = true;
-    }
-    if (r < output.size()) {
-      for (const int32_t t : output[r]) ++entries[t].output_count;
-    }
-    for (const auto& [token, entry] : entries) {
-      out->add_token_ids(token);
-      out->add_output_counts(entry.output_count);
-      out->add_in_prompt(entry.in_prompt);
-    }
-    out->add_row_offsets(static_cast<uint32_t>(out->token_ids_size()));
-  }
+grpc::Status SetTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
+                             const std::vector<std::vector<int32_t>>& output,
+                             v1::SampleRequest* request) {
+  const bool has_batch = request->has_logits() && request->logits().shape_size() > 0;
+  size_t rows = 0;
+  const grpc::Status status =
+      HistoryRows(prompt, output, has_batch ? request->logits().shape(0) : -1, &rows);
+  if (!status.ok()) return status;
+  FillTokenHistory(prompt, output, rows, request->mutable_token_history());
+  return grpc::Status::OK;
 }
 
 void SetLogitBiasRegion(const std::string& region, uint64_t offset, v1::SampleRequest* request) {
@@ -124,11 +165,16 @@ std::vector<uint8_t> PackLogitBias(const std::vector<TokenBias>& rows) {
   return PackLists(request.logit_bias());
 }
 
-std::vector<uint8_t> PackTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
-                                      const std::vector<std::vector<int32_t>>& output) {
-  v1::SampleRequest request;
-  SetTokenHistory(prompt, output, &request);
-  return PackLists(request.token_history());
+grpc::Status PackTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
+                              const std::vector<std::vector<int32_t>>& output,
+                              std::vector<uint8_t>* out) {
+  size_t rows = 0;
+  const grpc::Status status = HistoryRows(prompt, output, /*batch=*/-1, &rows);
+  if (!status.ok()) return status;
+  v1::TokenHistory history;
+  FillTokenHistory(prompt, output, rows, &history);
+  *out = PackLists(history);
+  return grpc::Status::OK;
 }
 
 }  // namespace samplerd

@@ -4,6 +4,7 @@
 // device_session.h's offsets.
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "samplerd/device_session.h"
 
@@ -58,12 +59,19 @@ grpc::Status PackSessionProcessors(const DeviceSessionOptions& options, int batc
     return Invalid("expected a batch in [0, max_batch " + std::to_string(m) + "], got " +
                    std::to_string(batch));
   }
-  const auto rows_ok = [batch](size_t size) { return size == 0 || size == size_t(batch); };
-  if (!rows_ok(rows.logit_bias.size()) || !rows_ok(rows.prompt_token_ids.size()) ||
-      !rows_ok(rows.output_token_ids.size()) || !rows_ok(rows.repetition_penalty.size()) ||
-      !rows_ok(rows.presence_penalty.size()) || !rows_ok(rows.frequency_penalty.size())) {
-    return Invalid("expected every SessionProcessorRows vector empty or of " +
-                   std::to_string(batch) + " rows, got another size");
+  // A vector shorter than the batch would otherwise be padded with rows of no processors.
+  const std::pair<const char*, size_t> sizes[] = {
+      {"logit_bias", rows.logit_bias.size()},
+      {"prompt_token_ids", rows.prompt_token_ids.size()},
+      {"output_token_ids", rows.output_token_ids.size()},
+      {"repetition_penalty", rows.repetition_penalty.size()},
+      {"presence_penalty", rows.presence_penalty.size()},
+      {"frequency_penalty", rows.frequency_penalty.size()}};
+  for (const auto& [name, size] : sizes) {
+    if (size != 0 && size != static_cast<size_t>(batch)) {
+      return Invalid(std::string("expected SessionProcessorRows.") + name + " empty or of B = " +
+                     std::to_string(batch) + " rows, got " + std::to_string(size));
+    }
   }
   const uint32_t nb = options.logit_bias_capacity, nh = options.token_history_capacity;
   out->assign(samplerd_processors_bytes(m, nb, nh), 0);
@@ -78,11 +86,12 @@ grpc::Status PackSessionProcessors(const DeviceSessionOptions& options, int batc
   std::vector<std::vector<int32_t>> prompt = rows.prompt_token_ids, output = rows.output_token_ids;
   prompt.resize(static_cast<size_t>(batch));
   output.resize(static_cast<size_t>(batch));
-  SetTokenHistory(prompt, output, &lists);
+  grpc::Status status = SetTokenHistory(prompt, output, &lists);  // batch rows each: OK
+  if (!status.ok()) return status;
 
   const v1::LogitBias& b = lists.logit_bias();
-  grpc::Status status = PutOffsets(b.row_offsets(), batch, m, nb, "logit_bias",
-                                   samplerd_processors_bias_offsets_offset(m), out);
+  status = PutOffsets(b.row_offsets(), batch, m, nb, "logit_bias",
+                      samplerd_processors_bias_offsets_offset(m), out);
   if (!status.ok()) return status;
   PutField(b.token_ids(), samplerd_processors_bias_tokens_offset(m), 4, out);
   PutField(b.biases(), samplerd_processors_biases_offset(m, nb), 4, out);

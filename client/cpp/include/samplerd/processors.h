@@ -11,22 +11,28 @@
 //   v1::SampleRequest request = MakeFp32Request(logits.data(), batch, vocab, {params});
 //   SetTokenBitmask(mask.data(), batch, vocab, &request);  // batch * BitmaskWords(vocab) words
 //   SetLogitBias(TokenBias{{eos, -INFINITY}}, batch, &request);
-//   SetTokenHistory(prompts, outputs, &request);   // per row: token ids seen so far
+//   grpc::Status status = SetTokenHistory(prompts, outputs, &request);  // token ids so far,
+//                                                                       // B rows each
 //
 // The bias lists and the token history may instead lie in a registered region (host shm, or GPU
 // IPC memory on the logits' device), rewritten in place by the engine each step:
 //
 //   std::vector<uint8_t> bias = PackLogitBias(rows);             // processors.proto's layout
-//   std::vector<uint8_t> history = PackTokenHistory(prompts, outputs);
+//   std::vector<uint8_t> history;
+//   status = PackTokenHistory(prompts, outputs, &history);       // the same rows each
 //   std::memcpy(shm->data(), bias.data(), bias.size());           // a HostShmBuffer, registered
 //   std::memcpy(static_cast<char*>(shm->data()) + 1024, history.data(), history.size());
 //   SetLogitBiasRegion("lists", 0, &request);                     // offsets aligned to 4
 //   SetTokenHistoryRegion("lists", 1024, &request);
 //
-// Like MakeFp32Request these do not validate: the server checks token ids against V, row
-// counts and offsets, and answers INVALID_ARGUMENT "expected X, got Y".
+// Like MakeFp32Request these check no values: the server checks token ids against V, row counts
+// and offsets, and answers INVALID_ARGUMENT "expected X, got Y". Only the token-history helpers
+// check what the server cannot see: a prompt or output vector shorter than the batch would read
+// as rows without tokens, so they refuse row counts that disagree.
 #ifndef SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_PROCESSORS_H_
 #define SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_PROCESSORS_H_
+
+#include <grpcpp/support/status.h>
 
 #include <cstdint>
 #include <map>
@@ -61,11 +67,16 @@ void SetLogitBias(const std::vector<TokenBias>& rows, v1::SampleRequest* request
 void SetLogitBias(const TokenBias& bias, int64_t batch, v1::SampleRequest* request);
 
 // Sets the token history the penalties act on: per row, the prompt's token ids and the output's
-// so far. Either vector may be empty (no tokens); otherwise each has B rows (the longer one
-// sets the row count). Each row's entries are its distinct tokens in increasing order, with
-// their output count and whether the prompt has them.
-void SetTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
-                     const std::vector<std::vector<int32_t>>& output, v1::SampleRequest* request);
+// so far. Either vector may be empty (no tokens in any row); otherwise it has B rows, B =
+// request->logits().shape(0) when the logits' shape is set (MakeFp32Request, MakeRegionRequest),
+// else the other vector's size when that is not empty. Each row's entries are its distinct tokens
+// in increasing order, with their output count and whether the prompt has them. Returns
+// INVALID_ARGUMENT "expected prompt token ids for B = 3 rows, got 2" (or "... prompt and output
+// token ids for the same number of rows, got 3 and 2") for a vector with another number of
+// rows, and then leaves `request` unchanged: do not send it.
+[[nodiscard]] grpc::Status SetTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
+                                           const std::vector<std::vector<int32_t>>& output,
+                                           v1::SampleRequest* request);
 
 // ---- Lists in a registered region (LogitBias.region, TokenHistory.region) ----------------------
 
@@ -85,12 +96,16 @@ void SetTokenHistoryRegion(const std::string& region, uint64_t offset, v1::Sampl
 // biases[N], each row's tokens in increasing order; (B + 1 + 2N) * 4 bytes, B = rows.size().
 std::vector<uint8_t> PackLogitBias(const std::vector<TokenBias>& rows);
 
-// The bytes to write into a region for SetTokenHistoryRegion: the lists
+// The bytes to write into a region for SetTokenHistoryRegion, into *out: the lists
 // SetTokenHistory(prompt, output) sends inline, packed little-endian: uint32 row_offsets[B + 1],
 // int32 token_ids[N], uint32 output_counts[N], uint8 in_prompt[N] (0 or 1), each row's
-// distinct tokens in increasing order; (B + 1 + 2N) * 4 + N bytes, B the longer vector's size.
-std::vector<uint8_t> PackTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
-                                      const std::vector<std::vector<int32_t>>& output);
+// distinct tokens in increasing order; (B + 1 + 2N) * 4 + N bytes, B the rows of the vectors
+// (either may be empty). Returns INVALID_ARGUMENT "expected prompt and output token ids for the
+// same number of rows, got 3 and 2" when both are given with different numbers of rows, and
+// then leaves *out unchanged.
+[[nodiscard]] grpc::Status PackTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
+                                            const std::vector<std::vector<int32_t>>& output,
+                                            std::vector<uint8_t>* out);
 
 // The same layouts from messages' repeated fields (e.g. as SetLogitBias / SetTokenHistory
 // filled them); a message's `region` is ignored.
