@@ -120,6 +120,10 @@ class ClientTest(unittest.TestCase):
             (dict(temperature="0.5"), TypeError, "temperature"),
             (dict(top_p=True), TypeError, "top_p"),
             (dict(top_p=[0.5, b"x"]), TypeError, "top_p"),
+            (dict(logprobs=-1), ValueError, r"logprobs: expected an integer in \[0, 4294967295\]"),
+            (dict(logprobs=True), TypeError, "logprobs"),  # top_n 1 before
+            (dict(logprobs=2.5), ValueError, "logprobs"),
+            (dict(logprobs=(True, "raw")), TypeError, "logprobs"),
         )
         for kwargs, error, field in cases:
             with self.subTest(kwargs=kwargs):
