@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"samplerd.dev/client/go/samplerdv1"
 )
@@ -103,17 +104,8 @@ func (s *Session) send(req *samplerdv1.SampleRequest) error {
 		return s.stream.Send(msg)
 	}
 	// The first message carries the request with the first chunk of its bytes, the following
-	// ones only chunks. The caller's request is not modified.
-	first := &samplerdv1.SampleRequest{
-		RequestId: req.RequestId, Params: req.Params, Device: req.Device, Logprobs: req.Logprobs,
-		Output: req.Output, ReadyEvent: req.ReadyEvent, DoneEvent: req.DoneEvent,
-		Logits: &samplerdv1.Tensor{
-			Dtype: req.Logits.Dtype, Shape: req.Logits.Shape, RowStride: req.Logits.RowStride,
-			Data: &samplerdv1.Tensor_InlineData{InlineData: data[:s.chunkBytes]},
-		},
-	}
-	// The chunk messages that follow are no larger than this one.
-	msg := &samplerdv1.SampleStreamRequest{Request: first, MoreChunks: true}
+	// ones only chunks. The chunk messages are no larger than the first.
+	msg := &samplerdv1.SampleStreamRequest{Request: firstChunk(req, s.chunkBytes), MoreChunks: true}
 	if err := s.checkSize(msg); err != nil {
 		return err
 	}
@@ -131,6 +123,31 @@ func (s *Session) send(req *samplerdv1.SampleRequest) error {
 		}
 	}
 	return nil
+}
+
+// firstChunk returns the request of a chunked step's first message: req with only the first n
+// bytes of its inline logits. Every other field, the processors and those added later
+// included, is req's own: shared, not copied (neither message is modified), so the logits bytes
+// are not copied either. req must carry more than n bytes of inline logits.
+func firstChunk(req *samplerdv1.SampleRequest, n int) *samplerdv1.SampleRequest {
+	logits := shallowCopy(req.GetLogits()).(*samplerdv1.Tensor)
+	logits.Data = &samplerdv1.Tensor_InlineData{InlineData: req.GetLogits().GetInlineData()[:n]}
+	first := shallowCopy(req).(*samplerdv1.SampleRequest)
+	first.Logits = logits
+	return first
+}
+
+// shallowCopy returns a new message of m's type with m's fields and unknown fields; repeated,
+// bytes and message fields share m's memory (proto.Clone would copy the logits bytes).
+func shallowCopy(m proto.Message) proto.Message {
+	src := m.ProtoReflect()
+	dst := src.New()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v)
+		return true
+	})
+	dst.SetUnknown(src.GetUnknown())
+	return dst.Interface()
 }
 
 // checkSize refuses a message larger than maxBytes (RESOURCE_EXHAUSTED).

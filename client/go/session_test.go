@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	samplerd "samplerd.dev/client/go"
 )
@@ -121,6 +123,48 @@ func TestSessionSplitsLargeStepsIntoChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	equalTokens(t, "chunked", chunked.Tokens, unary.Tokens)
+}
+
+// Regression test: a chunked step lost its logits processors and packed seeds and positions
+// (its first message was rebuilt field by field), so the server sampled without them.
+func TestSessionChunkedStepKeepsTheProcessorsSeedsAndPositions(t *testing.T) {
+	client := dial(t, samplerd.WithStreamChunkBytes(1000))
+	s := openSession(t, client)
+	const batch, vocab = 2, 700 // 5,600 bytes: 6 messages
+	logits := randomLogits(34, batch, vocab)
+	banned := argmax(logits, batch, vocab)[1]
+	words := samplerd.BitmaskWords(vocab)
+	mask := make([]int32, batch*words)
+	mask[0] = 1 << 7 // row 0: token 7 only
+	for i := words; i < 2*words; i++ {
+		mask[i] = -1 // row 1: every token
+	}
+	opts := []samplerd.SampleOption{samplerd.TopK(50), samplerd.TokenBitmask(mask),
+		samplerd.LogitBiasRows([]map[int32]float32{nil, {banned: float32(math.Inf(-1))}}),
+		samplerd.RepetitionPenalty(1.5), samplerd.TokenHistory(nil, [][]int32{{1, 2}, {3}}),
+		samplerd.Seed(11, 22), samplerd.Position(5, 6),
+		samplerd.Logprobs(2, samplerd.LogprobsProcessed)}
+	chunked, err := s.Sample(logits, batch, vocab, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary, err := client.Sample(testContext(t), logits, batch, vocab, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalTokens(t, "chunked", chunked.Tokens, unary.Tokens)
+	if chunked.Tokens[0] != 7 || chunked.Tokens[1] == banned {
+		t.Errorf("tokens %v: want 7 (the bitmask's only token) and not %d (banned)",
+			chunked.Tokens, banned)
+	}
+	if chunked.Seeds[0] != 11 || chunked.Seeds[1] != 22 {
+		t.Errorf("seeds %v, want [11 22]", chunked.Seeds)
+	}
+	for i := range unary.Logprobs {
+		if !proto.Equal(chunked.Logprobs[i], unary.Logprobs[i]) {
+			t.Errorf("row %d: chunked logprobs %v, unary %v", i, chunked.Logprobs[i], unary.Logprobs[i])
+		}
+	}
 }
 
 // countingStream counts the messages sent on a client stream.

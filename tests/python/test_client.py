@@ -120,6 +120,10 @@ class ClientTest(unittest.TestCase):
             (dict(temperature="0.5"), TypeError, "temperature"),
             (dict(top_p=True), TypeError, "top_p"),
             (dict(top_p=[0.5, b"x"]), TypeError, "top_p"),
+            (dict(logprobs=-1), ValueError, r"logprobs: expected an integer in \[0, 4294967295\]"),
+            (dict(logprobs=True), TypeError, "logprobs"),  # top_n 1 before
+            (dict(logprobs=2.5), ValueError, "logprobs"),
+            (dict(logprobs=(True, "raw")), TypeError, "logprobs"),
         )
         for kwargs, error, field in cases:
             with self.subTest(kwargs=kwargs):
@@ -200,6 +204,50 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
             result = session.step(logits[1], temperature=0, request_id="after")
             self.assertEqual(result.request_id, "after")
+
+    def test_a_stream_step_over_the_message_limit_is_refused_and_the_stream_stays_open(self):
+        # Regression test: grpc failed the whole call for such a step ("Sent message larger than
+        # max"), and every later step raised "stream session is closed".
+        big = random_logits(1, 32 << 10, seed=14)  # 128 KiB of logits
+        logits = random_logits(2, 16, seed=15)
+        with samplerd.Client(TARGET, max_message_bytes=64 << 10) as client:
+            with client.stream() as session:
+                with self.assertRaises(samplerd.SamplerError) as caught:
+                    session.step(big, temperature=0)
+                self.assertEqual(caught.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                self.assertRegex(caught.exception.message,
+                                 r"^expected a step message of at most 65536 bytes "
+                                 r"\(max_message_bytes\), got 131\d{3} bytes")
+                result = session.step(logits, temperature=0)
+                np.testing.assert_array_equal(result.tokens, np.argmax(logits, axis=1))
+
+    def test_stream_chunk_bytes_splits_large_steps_keeping_every_field(self):
+        # 128 KiB steps in 16 KiB chunks pass a 64 KiB message limit, and sample as unary calls
+        # do: the processors, seeds and positions travel with the first chunk.
+        batch, vocab = 2, 16 << 10
+        logits = random_logits(batch, vocab, seed=16)
+        mask = np.full((batch, vocab // 32), -1, np.int32)
+        mask[0] = 0
+        mask[0, 0] = 1 << 7  # row 0: token 7 only
+        banned = int(np.argmax(logits[1]))
+        options = dict(top_k=50, seed=[11, 22], position=[5, 6], token_bitmask=mask,
+                       logit_bias=[None, {banned: -float("inf")}], repetition_penalty=1.5,
+                       output_token_ids=[[1, 2], [3]], logprobs=2, request_id="chunked")
+        unary = self.client.sample(logits, **options)
+        with samplerd.Client(TARGET, max_message_bytes=64 << 10,
+                             stream_chunk_bytes=16 << 10) as client:
+            with client.stream() as session:
+                for step in range(2):  # the second step follows the first's chunks
+                    result = session.step(logits, **options)
+                    np.testing.assert_array_equal(result.tokens, unary.tokens)
+                    self.assertEqual(result.request_id, "chunked")
+                    for got, want in zip(result.logprobs, unary.logprobs):
+                        np.testing.assert_array_equal(got.top_token_ids, want.top_token_ids)
+        self.assertEqual(unary.tokens[0], 7)
+        self.assertNotEqual(unary.tokens[1], banned)
+        np.testing.assert_array_equal(unary.seeds, [11, 22])
+        with self.assertRaises(ValueError):
+            samplerd.Client(TARGET, stream_chunk_bytes=-1)
 
     def test_host_shm_region_equals_inline(self):
         logits = random_logits(6, 400, seed=7)

@@ -123,6 +123,23 @@ class LogitBiasEncodingTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             request(batch=2, logit_bias=[{1: 1.0}, [1, 2]])
 
+    def test_keys_that_are_not_integer_token_ids_raise_naming_logit_bias(self):
+        # Regression test: int(key) sent {"5": 1, 6.7: 2, True: 3} as tokens [5, 6, 1].
+        for bias, error, message in (
+            ({"5": 1.0}, TypeError, "logit_bias: expected integer token ids, got str '5'"),
+            ({6.7: 2.0}, ValueError, "logit_bias: expected integer token ids, got 6.7"),
+            ({True: 3.0}, TypeError, "logit_bias: expected integer token ids, got bool True"),
+            ([{1: 1.0}, {np.bool_(True): 1.0}], TypeError, "got bool_ True"),
+            ({2**31: 1.0}, ValueError, "logit_bias: expected token ids in [-2147483648, "),
+        ):
+            with self.subTest(bias=bias):
+                with self.assertRaises(error) as caught:
+                    request(logit_bias=bias)
+                self.assertIn(message, str(caught.exception))
+        # Numpy integers and integral floats are the token ids they hold, as for seeds.
+        bias = request(logit_bias={np.int32(3): 1.0, np.uint64(4): 2.0, 5.0: 3.0}).logit_bias
+        self.assertEqual(list(bias.token_ids), [3, 4, 5] * 2)
+
 
 class PenaltyEncodingTest(unittest.TestCase):
     def test_history_entries_are_distinct_tokens_with_output_counts_and_prompt_flags(self):
@@ -146,6 +163,31 @@ class PenaltyEncodingTest(unittest.TestCase):
         self.assertEqual(list(h.row_offsets), [0, 1, 3])
         self.assertEqual(list(h.output_counts), [2, 1, 1])
         self.assertEqual(list(h.in_prompt), [False, False, False])
+
+    def test_token_ids_that_are_not_integers_raise_naming_the_option(self):
+        # Regression test: np.asarray(..., dtype=np.int64) sent [[1.5, 2.9]] as [1, 2] and
+        # [[True, 7.99]] as [1, 7].
+        for options, error, message in (
+            (dict(output_token_ids=[[1.5, 2.9], [1]]), ValueError,
+             "output_token_ids: expected integer token ids, got 1.5"),
+            (dict(prompt_token_ids=[[True, 7.99], []]), TypeError,
+             "prompt_token_ids: expected integer token ids, got bool True"),
+            (dict(prompt_token_ids=[[4, True], []]), TypeError, "got bool True"),
+            (dict(prompt_token_ids=[["7"], []]), TypeError, "got str '7'"),
+            (dict(output_token_ids=np.array([[2.0], [1.5]])), ValueError, "got 1.5"),
+            (dict(output_token_ids=np.ones((2, 1), bool)), TypeError, "got an array of bool"),
+            (dict(output_token_ids=[[2**40], [1]]), ValueError,
+             "output_token_ids: expected token ids in [-2147483648, 2147483647] (int32), "
+             "got 1099511627776"),
+        ):
+            with self.subTest(options=options):
+                with self.assertRaises(error) as caught:
+                    request(**options)
+                self.assertIn(message, str(caught.exception))
+        # Numpy integers and integral floats are the token ids they hold, as for seeds.
+        h = request(prompt_token_ids=[[7.0, np.int64(3)], np.array([2.0])],
+                    output_token_ids=[np.array([4], np.uint32), []]).token_history
+        self.assertEqual(list(h.token_ids), [3, 4, 7, 2])
 
     def test_scalar_penalties_share_one_params_entry(self):
         r = request(batch=4, temperature=0, repetition_penalty=1.3, frequency_penalty=0.5)

@@ -254,6 +254,20 @@ class SessionProcessorsTest(unittest.TestCase):
             self.assertIn("prompt_token_ids: expected 2 rows of token ids, got 3",
                           str(caught.exception))
 
+    def test_token_ids_that_are_not_integers_raise_as_in_unary_calls(self):
+        # Regression test: int() packed the bias key True as token 1 and 2.5 as 2.
+        logits = np.zeros((1, VOCAB), np.float32)
+        with self.session() as s:
+            for kw, error in ((dict(logit_bias={True: 1.0}), TypeError),
+                              (dict(logit_bias={2.5: 1.0}), ValueError),
+                              (dict(output_token_ids=[[1.5]]), ValueError)):
+                with self.subTest(kw=kw), self.assertRaises(error):
+                    s.sample(logits, temperature=0.0, seeds=1, positions=0,
+                             repetition_penalty=1.2, **kw)
+            tokens, _ = s.sample(logits, temperature=0.0, seeds=1, positions=0,
+                                 logit_bias={np.int64(3): 1.0, 4.0: 2.0})
+            self.assertEqual(tokens.tolist(), [4])
+
     def test_the_server_says_it_applies_processors_and_the_client_checks_it(self):
         self.assertTrue(self.client.server_info().device_sessions.processors)
         info = pb.GetServerInfoResponse()

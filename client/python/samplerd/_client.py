@@ -36,6 +36,9 @@ class Client:
     """A samplerd client over one gRPC channel. Thread-safe (streams excepted).
 
     ``target`` is "unix:///abs/path.sock" or "host:port". Unary calls get ``timeout`` seconds.
+    ``max_message_bytes`` bounds the messages sent and received (keep it <= the server's limit);
+    stream steps whose inline logits exceed ``stream_chunk_bytes`` travel as several messages
+    that the server reassembles (0, the default: never split).
 
     ``cuda_ipc`` says how CUDA tensors travel: "auto" (default) through GPU IPC when the server
     samples on the same GPU and accepts it, else (with one warning saying why) copied to the
@@ -65,14 +68,19 @@ class Client:
         cuda_ipc: str = "auto",
         max_cuda_regions: int = 16,
         cuda_ready: str = "event",
+        stream_chunk_bytes: int = 0,
     ) -> None:
         if cuda_ipc not in self._CUDA_IPC_MODES:
             raise ValueError(f"cuda_ipc: expected one of {self._CUDA_IPC_MODES}, got {cuda_ipc!r}")
         if max_cuda_regions < 1:
             raise ValueError(f"max_cuda_regions: expected >= 1, got {max_cuda_regions}")
+        if stream_chunk_bytes < 0:
+            raise ValueError(f"stream_chunk_bytes: expected >= 0, got {stream_chunk_bytes}")
         self.target = target
         self.timeout = timeout
         self.cuda_ipc = cuda_ipc
+        self.max_message_bytes = max_message_bytes
+        self.stream_chunk_bytes = stream_chunk_bytes
         self._channel = grpc.insecure_channel(
             target,
             options=[

@@ -84,7 +84,9 @@ class SampleOptions:
         ``token_bitmask`` is a prepared samplerd.v1.TokenBitmask (a CUDA tensor's region slice)
         that replaces the encoding of ``self.token_bitmask``. Raises ValueError for a per-row
         option with neither one nor B values or a bitmask of the wrong shape or dtype, KeyError
-        for an unknown logprob source."""
+        for an unknown logprob source; TypeError or ValueError, naming the option, for a value
+        that is not an integer where one is expected (seed, position, top_k, logprobs, token
+        ids)."""
         batch, vocab = int(tensor.shape[0]), int(tensor.shape[1])
         params, row_seeds, row_positions = self._params(batch)
         if self.joint_top_p:
@@ -188,10 +190,11 @@ class SampleOptions:
         logprobs = self.logprobs
         if logprobs is None:
             return None
+        as_top_n = _integer("logprobs", 0, 2**32 - 1)  # top_n: a uint32
         if isinstance(logprobs, tuple):
             top_n, source = logprobs
-            return pb.LogprobOptions(top_n=int(top_n), source=_LOGPROB_SOURCES[source])
-        return pb.LogprobOptions(top_n=int(logprobs))
+            return pb.LogprobOptions(top_n=as_top_n(top_n), source=_LOGPROB_SOURCES[source])
+        return pb.LogprobOptions(top_n=as_top_n(logprobs))
 
 
 _FIELDS = dataclasses.fields(SampleOptions)

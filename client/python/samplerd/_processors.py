@@ -5,7 +5,8 @@ The server applies them per row, before temperature and every filter: logit bias
 repetition / presence / frequency penalties on the row's token history, then the bitmask
 (docs/DESIGN.md, "Logits processors"). Here they are only encoded; the server checks ranges
 (token ids in [0, V), penalty values) and answers INVALID_ARGUMENT with its own message. What is
-checked here is what only the client can see: shapes, dtypes and counts of rows.
+checked here is what only the client can see: shapes, dtypes and counts of rows, and token ids
+that are not integers (encoding them would change them: int(1.5) is 1, int(True) is 1).
 
 A CUDA bitmask tensor is not encoded here: Client sends it as a GPU IPC region slice (_cuda.py).
 Bias lists and histories may also lie in a registered region: packed_lists gives the bytes to
@@ -14,6 +15,7 @@ write there, and a LogitBias / TokenHistory message naming the slice is sent as 
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -25,6 +27,44 @@ from ._pb import pb
 LogitBias = Union[Mapping[int, float], Sequence[Optional[Mapping[int, float]]]]
 #: One sequence of token ids per row (a list of lists, or a 2-D integer array).
 TokenIds = Union[Sequence[Sequence[int]], np.ndarray]
+
+
+def token_id_array(name: str, ids: Any) -> np.ndarray:
+    """``ids`` (a sequence or array of token ids; None: none) as a flat int64 array. As for the
+    integer options (_options._integer): TypeError for a string, a bool or another non-number
+    (a bool or non-numeric array too), ValueError for a fractional value (7.0 is 7) or one
+    outside int32, the proto's type; each error names ``name``. The server checks [0, V)."""
+    if ids is None:
+        return np.zeros(0, np.int64)
+    if not isinstance(ids, np.ndarray) and not _is_torch_tensor(ids):
+        ids = ids if isinstance(ids, (list, tuple)) else list(ids)
+        # Per type, not per value; np.asarray would turn True into 1 among ints.
+        for kind in set(map(type, ids)):
+            if issubclass(kind, (bool, np.bool_)) or not issubclass(kind, numbers.Real):
+                value = next(v for v in ids if type(v) is kind)
+                raise TypeError(
+                    f"{name}: expected integer token ids, got {kind.__name__} {value!r}"
+                )
+    arr = np.asarray(ids).reshape(-1)
+    if arr.dtype == object:  # Python numbers beyond int64 (or Fractions): checked below
+        arr = arr.astype(np.float64)
+    if arr.size == 0:
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected integer token ids, got an array of {arr.dtype}")
+    if arr.dtype.kind == "f":
+        fractional = ~np.isfinite(arr) | (arr != np.trunc(arr))
+        if fractional.any():
+            raise ValueError(
+                f"{name}: expected integer token ids, got {float(arr[fractional][0])!r}"
+            )
+    low, high = -(2**31), 2**31 - 1
+    for value in (arr.min(), arr.max()):
+        if not low <= value <= high:
+            raise ValueError(
+                f"{name}: expected token ids in [{low}, {high}] (int32), got {int(value)}"
+            )
+    return arr.astype(np.int64)
 
 
 def bitmask_words(vocab: int) -> int:
@@ -116,9 +156,9 @@ def logit_bias_message(bias: LogitBias, batch: int) -> Any:
             raise ValueError(
                 f"logit_bias: expected a dict {{token: bias}} for row {i}, got {type(row).__name__}"
             )
-        for token, value in (row or {}).items():
-            tokens.append(int(token))
-            values.append(float(value))
+        row = row or {}
+        tokens.extend(token_id_array("logit_bias", list(row)).tolist())
+        values.extend(float(value) for value in row.values())
         offsets.append(len(tokens))
     message.row_offsets.extend(offsets)
     message.token_ids.extend(tokens)
@@ -130,12 +170,10 @@ def history_entries(
     prompt: Optional[Sequence[int]], output: Optional[Sequence[int]]
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One row's sparse penalty entries: (token ids, sorted and unique; their output counts;
-    whether each is in the prompt) of the tokens in ``prompt`` or ``output``."""
-    p = np.unique(np.asarray([] if prompt is None else prompt, dtype=np.int64).reshape(-1))
-    o, counts = np.unique(
-        np.asarray([] if output is None else output, dtype=np.int64).reshape(-1),
-        return_counts=True,
-    )
+    whether each is in the prompt) of the tokens in ``prompt`` or ``output``. Raises TypeError
+    or ValueError for token ids that are not integers (token_id_array)."""
+    p = np.unique(token_id_array("prompt_token_ids", prompt))
+    o, counts = np.unique(token_id_array("output_token_ids", output), return_counts=True)
     tokens = np.union1d(p, o)
     output_counts = np.zeros(tokens.shape, np.uint32)
     output_counts[np.searchsorted(tokens, o)] = counts

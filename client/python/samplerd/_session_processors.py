@@ -18,7 +18,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _session_layout as lay
-from ._processors import _rows, history_entries
+from ._processors import _rows, history_entries, token_id_array
 
 #: processors=True: this many bias and history entries per row of max_batch (at most V each).
 DEFAULT_BIAS_PER_ROW = 64
@@ -78,7 +78,9 @@ def _bias_rows(bias: Any, batch: int):
             raise ValueError(
                 f"logit_bias: expected a dict {{token: bias}} for row {i}, got "
                 f"{type(row).__name__}")
-        items = sorted((int(t), float(b)) for t, b in (row or {}).items())
+        row = row or {}
+        tokens = token_id_array("logit_bias", list(row)).tolist()
+        items = sorted(zip(tokens, (float(b) for b in row.values())))
         out.append((np.asarray([t for t, _ in items], np.int64),
                     np.asarray([b for _, b in items], np.float32)))
     return out
