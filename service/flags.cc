@@ -51,7 +51,8 @@ ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "step's shape at its first message). One that would pass it is answered "
           "RESOURCE_EXHAUSTED (\"retry later\"; a stream step on its own response) and the "
           "server keeps serving; one larger than the whole budget can never fit. The server "
-          "holds ~2.5x a request's bytes at its peak: e.g. (memory limit - 256 MiB) / 2.5. "
+          "holds ~2.5x a message's bytes at its peak, admitted or not: size it so that 256 MiB "
+          "+ 2.5 x (this + max_inflight x max_message_bytes) fits the memory limit. "
           "0 = no limit (then chunked steps, up to 1 GiB each, are bounded by nothing).");
 ABSL_FLAG(int32_t, max_device_sessions, 8,
           "Most device sessions (DeviceSession calls) open at once; one more is "
