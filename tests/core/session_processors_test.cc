@@ -123,6 +123,17 @@ std::vector<kernels::TokenAdjust> SessionAdjusts(const kernels::SessionProcessor
 
 bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 
+void ExpectSameAdjusts(const std::vector<kernels::TokenAdjust>& got,
+                       const std::vector<kernels::TokenAdjust>& want, int trial, uint32_t row) {
+  ASSERT_EQ(got.size(), want.size()) << "trial " << trial << " row " << row;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].token, want[i].token) << "trial " << trial << " row " << row;
+    EXPECT_TRUE(SameBits(got[i].bias, want[i].bias));
+    EXPECT_TRUE(SameBits(got[i].repetition, want[i].repetition));
+    EXPECT_TRUE(SameBits(got[i].penalty, want[i].penalty));
+  }
+}
+
 std::vector<Row> RandomRows(std::mt19937& rng) {
   std::vector<Row> rows(kM);
   std::uniform_int_distribution<int32_t> token(0, kV - 1);
@@ -161,13 +172,7 @@ TEST(SessionProcessors, MergedRowsEqualSampleRequestsAdjustsBitForBit) {
       for (const auto& entry : rows[r].history) ++tokens[entry.first];
       EXPECT_EQ(kernels::MergeSessionRow(p, r, nullptr), tokens.size());
       const std::vector<kernels::TokenAdjust> got = SessionAdjusts(p, r);
-      ASSERT_EQ(got.size(), want[r].size()) << "trial " << trial << " row " << r;
-      for (size_t i = 0; i < got.size(); ++i) {
-        EXPECT_EQ(got[i].token, want[r][i].token);
-        EXPECT_TRUE(SameBits(got[i].bias, want[r][i].bias));
-        EXPECT_TRUE(SameBits(got[i].repetition, want[r][i].repetition));
-        EXPECT_TRUE(SameBits(got[i].penalty, want[r][i].penalty));
-      }
+      ExpectSameAdjusts(got, want[r], trial, r);
       entries += got.size();
     }
   }
@@ -270,13 +275,7 @@ TEST(SessionProcessors, ASnapshotKeepsTheRowsAsTakenWhateverTheEngineWritesAfter
     for (uint32_t r = 0; r < batch; ++r) {
       ASSERT_TRUE(kernels::SessionRowValid(copy, r, kV)) << "trial " << trial << " row " << r;
       const std::vector<kernels::TokenAdjust> got = SessionAdjusts(copy, r);
-      ASSERT_EQ(got.size(), want[r].size()) << "trial " << trial << " row " << r;
-      for (size_t i = 0; i < got.size(); ++i) {
-        EXPECT_EQ(got[i].token, want[r][i].token);
-        EXPECT_TRUE(SameBits(got[i].bias, want[r][i].bias));
-        EXPECT_TRUE(SameBits(got[i].repetition, want[r][i].repetition));
-        EXPECT_TRUE(SameBits(got[i].penalty, want[r][i].penalty));
-      }
+      ExpectSameAdjusts(got, want[r], trial, r);
       entries += got.size();
     }
   }
