@@ -63,20 +63,37 @@ inline SessionProcessors ResolveSessionProcessors(const uint8_t* base, uint32_t 
   return p;
 }
 
-// Whether `row`'s penalties are in range (repetition finite and > 0, presence and frequency in
-// [-2, 2], as SamplingParams) and both lists' offsets are in order within the capacities.
-// Written so that NaN fails every comparison. Check it before reading any entry of the row.
-SAMPLERD_HOST_DEVICE inline bool SessionRowHeaderValid(const SessionProcessors& p, uint32_t row) {
-  const float r = p.repetition[row];
-  const float presence = p.presence[row];
-  const float frequency = p.frequency[row];
-  if (!(r > 0.0f && r < __builtin_huge_valf())) return false;
-  if (!(presence >= -2.0f && presence <= 2.0f && frequency >= -2.0f && frequency <= 2.0f)) {
+// A row's header: its penalties and both lists' offsets, as read once. The GPU plane checks
+// and then uses one copy (an engine that rewrites its buffer during a step must not make the
+// step read entries other than those it checked the bounds of).
+struct SessionRowHeader {
+  float repetition, presence, frequency;
+  uint32_t b0, b1, h0, h1;  // bias entries [b0, b1), history entries [h0, h1)
+};
+
+SAMPLERD_HOST_DEVICE inline SessionRowHeader ReadSessionRowHeader(const SessionProcessors& p,
+                                                                  uint32_t row) {
+  return SessionRowHeader{p.repetition[row],         p.presence[row],
+                          p.frequency[row],          p.bias_offsets[row],
+                          p.bias_offsets[row + 1],   p.history_offsets[row],
+                          p.history_offsets[row + 1]};
+}
+
+// Whether a header's penalties are in range (repetition finite and > 0, presence and frequency
+// in [-2, 2], as SamplingParams) and both lists' offsets are in order within the capacities.
+// Written so that NaN fails every comparison.
+SAMPLERD_HOST_DEVICE inline bool SessionRowHeaderValid(const SessionRowHeader& h,
+                                                       const SessionProcessors& p) {
+  if (!(h.repetition > 0.0f && h.repetition < __builtin_huge_valf())) return false;
+  if (!(h.presence >= -2.0f && h.presence <= 2.0f && h.frequency >= -2.0f && h.frequency <= 2.0f)) {
     return false;
   }
-  const uint32_t b0 = p.bias_offsets[row], b1 = p.bias_offsets[row + 1];
-  const uint32_t h0 = p.history_offsets[row], h1 = p.history_offsets[row + 1];
-  return b0 <= b1 && b1 <= p.bias_capacity && h0 <= h1 && h1 <= p.history_capacity;
+  return h.b0 <= h.b1 && h.b1 <= p.bias_capacity && h.h0 <= h.h1 && h.h1 <= p.history_capacity;
+}
+
+// Whether `row`'s header is valid (above). Check it before reading any entry of the row.
+SAMPLERD_HOST_DEVICE inline bool SessionRowHeaderValid(const SessionProcessors& p, uint32_t row) {
+  return SessionRowHeaderValid(ReadSessionRowHeader(p, row), p);
 }
 
 // Whether bias entry i of a row whose entries start at `begin` has a token in [0, vocab) above
@@ -128,10 +145,11 @@ SAMPLERD_HOST_DEVICE inline uint32_t SessionLowerBound(const int32_t* tokens, ui
 
 constexpr uint32_t kNoEntry = 0xffffffffu;
 
-// The merged TokenAdjust of one token of `row`: bias entry `bias` and history entry `history`
-// (either kNoEntry, not both), with Sample's arithmetic (HistoryAdjust).
-SAMPLERD_HOST_DEVICE inline TokenAdjust SessionAdjust(const SessionProcessors& p, uint32_t row,
-                                                      uint32_t bias, uint32_t history) {
+// The merged TokenAdjust of one token of a row whose penalties are `h`'s: bias entry `bias` and
+// history entry `history` (either kNoEntry, not both), with Sample's arithmetic (HistoryAdjust).
+SAMPLERD_HOST_DEVICE inline TokenAdjust SessionAdjust(const SessionProcessors& p,
+                                                      const SessionRowHeader& h, uint32_t bias,
+                                                      uint32_t history) {
   TokenAdjust a;
   if (bias != kNoEntry) {
     a.token = p.bias_tokens[bias];
@@ -139,10 +157,20 @@ SAMPLERD_HOST_DEVICE inline TokenAdjust SessionAdjust(const SessionProcessors& p
   }
   if (history != kNoEntry) {
     a.token = p.history_tokens[history];
-    HistoryAdjust(p.output_counts[history], p.in_prompt[history] != 0, p.repetition[row],
-                  p.presence[row], p.frequency[row], &a);
+    HistoryAdjust(p.output_counts[history], p.in_prompt[history] != 0, h.repetition, h.presence,
+                  h.frequency, &a);
   }
   return a;
+}
+
+// As above, with `row`'s penalties read from the buffer.
+SAMPLERD_HOST_DEVICE inline TokenAdjust SessionAdjust(const SessionProcessors& p, uint32_t row,
+                                                      uint32_t bias, uint32_t history) {
+  SessionRowHeader h{};
+  h.repetition = p.repetition[row];
+  h.presence = p.presence[row];
+  h.frequency = p.frequency[row];
+  return SessionAdjust(p, h, bias, history);
 }
 
 // Merges a valid row's bias and history entries (both sorted) into TokenAdjust entries sorted

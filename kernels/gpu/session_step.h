@@ -60,7 +60,10 @@ size_t SessionStepWorkspaceBytes(uint32_t max_batch, int64_t vocab, bool sampled
 //      (a block per row; kernels/common/session_processors.h; a bad row becomes invalid), scan
 //      the rows' merged counts into offsets for all max_batch rows (rows past B and invalid rows
 //      empty), and write each row's merged TokenAdjust list (a block per row, each entry at its
-//      rank in the union of the row's bias and history tokens);
+//      rank in the union of the row's bias and history tokens). The lists are read where the
+//      check read the row's header, and written only to the row's counted slots with tokens in
+//      [0, vocab): a row whose entries changed after the check (an engine writing during the
+//      step) becomes invalid, and nothing is written out of bounds whatever the buffer holds;
 //   2. Sample over max_batch rows with device_batch = the step's batch, the bitmask and the
 //      merged adjusts;
 //   3. a finish kernel writes row_status (1 OK, 2 NaN, 3 no finite logit, 4 invalid

@@ -23,12 +23,13 @@ struct StepWords {
 
 struct StepBuffers {
   StepWords* words;
-  RowParams* row_params;  // [max_batch]
-  uint32_t* valid;        // [max_batch]: 1 when the row's parameters passed validation
-  RowStatus* status;      // [max_batch]: Sample's row status
-  uint32_t* counts;       // [max_batch]: merged entries per row (processors only)
-  uint32_t* offsets;      // [max_batch + 1]: SampleArgs::adjust_offsets (processors only)
-  TokenAdjust* adjusts;   // [NB + NH]: SampleArgs::adjusts (processors only)
+  RowParams* row_params;      // [max_batch]
+  uint32_t* valid;            // [max_batch]: 1 when the row's parameters passed validation
+  RowStatus* status;          // [max_batch]: Sample's row status
+  uint32_t* counts;           // [max_batch]: merged entries per row (processors only)
+  SessionRowHeader* headers;  // [max_batch]: each row's header as checked (processors only)
+  uint32_t* offsets;          // [max_batch + 1]: SampleArgs::adjust_offsets (processors only)
+  TokenAdjust* adjusts;       // [NB + NH]: SampleArgs::adjusts (processors only)
   void* sample_workspace;
   size_t sample_workspace_bytes;
 };
@@ -141,6 +142,7 @@ struct ProcessorsStep {
   RowParams* row_params;
   uint32_t* valid;
   uint32_t* counts;
+  SessionRowHeader* headers;
   uint32_t* offsets;
   TokenAdjust* adjusts;
 };
@@ -166,21 +168,29 @@ __device__ __forceinline__ bool Contains(const int32_t* tokens, uint32_t begin, 
 __global__ void __launch_bounds__(kStepThreads) SessionCheckKernel(ProcessorsStep p) {
   const uint32_t row = blockIdx.x;
   __shared__ uint32_t common;
+  __shared__ SessionRowHeader head;
   if (row >= p.words->batch || p.valid[row] == 0) {
     if (threadIdx.x == 0) p.counts[row] = 0;
     return;
   }
-  if (threadIdx.x == 0) common = 0;
   const SessionProcessors& q = p.procs;
-  const bool header = SessionRowHeaderValid(q, row);  // every thread: a few words
+  if (threadIdx.x == 0) {
+    common = 0;
+    // Read once: the engine may rewrite its buffer during the step, and every thread here and
+    // SessionWriteKernel must use the offsets that were checked.
+    head = ReadSessionRowHeader(q, row);
+    p.headers[row] = head;
+  }
+  __syncthreads();
+  const bool header = SessionRowHeaderValid(head, q);
   bool bad = !header;
   uint32_t mine = 0;
   uint32_t b0 = 0, b1 = 0, h0 = 0, h1 = 0;
   if (header) {
-    b0 = q.bias_offsets[row];
-    b1 = q.bias_offsets[row + 1];
-    h0 = q.history_offsets[row];
-    h1 = q.history_offsets[row + 1];
+    b0 = head.b0;
+    b1 = head.b1;
+    h0 = head.h0;
+    h1 = head.h1;
     for (uint32_t i = h0 + threadIdx.x; i < h1; i += kStepThreads) {
       bad |= !SessionHistoryEntryValid(q, i, h0, p.vocab);
     }
@@ -190,7 +200,6 @@ __global__ void __launch_bounds__(kStepThreads) SessionCheckKernel(ProcessorsSte
       mine += Contains(q.history_tokens, h0, h1, q.bias_tokens[i], &rank) ? 1u : 0u;
     }
   }
-  __syncthreads();  // `common` is 0
   if (mine != 0) atomicAdd(&common, mine);
   bad = __syncthreads_or(bad);
   if (threadIdx.x != 0) return;
@@ -248,11 +257,18 @@ __global__ void __launch_bounds__(kStepThreads) SessionOffsetsKernel(ProcessorsS
 // tokens of both lists below it, an exclusive block scan of `in other` flags over the list,
 // chunk by chunk). With `primary`, entries in both lists are written here, merged; otherwise
 // they are skipped (the primary list writes them).
-__device__ void WriteUnionSide(const ProcessorsStep& p, uint32_t row, bool primary,
-                               TokenAdjust* out) {
+//
+// The lists are read where SessionCheckKernel checked them (the header it read, `h`), and an
+// entry is written only to one of the row's `count` slots and only with a token in [0, vocab):
+// an engine that rewrites its buffer during the step (a bug on its side) would otherwise make
+// this kernel write past the merged list, or MarkAdjustsKernel index `marked` by a token it
+// never checked. Returns true when the row's entries are not those that were checked (some
+// entry could not be written): the row is then rejected.
+__device__ bool WriteUnionSide(const ProcessorsStep& p, const SessionRowHeader& h, uint32_t count,
+                               bool primary, TokenAdjust* out) {
   const SessionProcessors& q = p.procs;
-  const uint32_t b0 = q.bias_offsets[row], b1 = q.bias_offsets[row + 1];
-  const uint32_t h0 = q.history_offsets[row], h1 = q.history_offsets[row + 1];
+  const uint32_t b0 = h.b0, b1 = h.b1;
+  const uint32_t h0 = h.h0, h1 = h.h1;
   const int32_t* list = primary ? q.bias_tokens : q.history_tokens;
   const int32_t* other = primary ? q.history_tokens : q.bias_tokens;
   const uint32_t x0 = primary ? b0 : h0, x1 = primary ? b1 : h1;
@@ -260,6 +276,7 @@ __device__ void WriteUnionSide(const ProcessorsStep& p, uint32_t row, bool prima
   __shared__ uint32_t scan[kStepThreads];
   __shared__ uint32_t carry;
   if (threadIdx.x == 0) carry = 0;
+  bool changed = false;
   for (uint32_t base = x0; base < x1; base += kStepThreads) {
     const uint32_t i = base + threadIdx.x;
     uint32_t rank = 0;
@@ -276,12 +293,19 @@ __device__ void WriteUnionSide(const ProcessorsStep& p, uint32_t row, bool prima
     if (i < x1 && (primary || !both)) {
       const uint32_t bias = primary ? i : kNoEntry;
       const uint32_t history = primary ? (both ? y0 + rank : kNoEntry) : i;
-      out[(i - x0) + rank - below] = SessionAdjust(q, row, bias, history);
+      const uint32_t at = (i - x0) + rank - below;
+      const TokenAdjust a = SessionAdjust(q, h, bias, history);
+      if (at < count && a.token >= 0 && a.token < p.vocab) {
+        out[at] = a;
+      } else {
+        changed = true;
+      }
     }
     __syncthreads();
     if (threadIdx.x == kStepThreads - 1) carry += scan[threadIdx.x];
     __syncthreads();
   }
+  return __syncthreads_or(changed);
 }
 
 // Launch: grid (max_batch), kStepThreads threads; after SessionOffsetsKernel. Block `row`
@@ -291,9 +315,13 @@ __device__ void WriteUnionSide(const ProcessorsStep& p, uint32_t row, bool prima
 __global__ void __launch_bounds__(kStepThreads) SessionWriteKernel(ProcessorsStep p) {
   const uint32_t row = blockIdx.x;
   if (row >= p.words->batch || p.valid[row] == 0) return;
+  const SessionRowHeader h = p.headers[row];
+  const uint32_t count = p.counts[row];
   TokenAdjust* out = p.adjusts + p.offsets[row];
-  WriteUnionSide(p, row, /*primary=*/true, out);
-  WriteUnionSide(p, row, /*primary=*/false, out);
+  bool changed = WriteUnionSide(p, h, count, /*primary=*/true, out);
+  changed |= WriteUnionSide(p, h, count, /*primary=*/false, out);
+  // The slots left unwritten keep earlier steps' entries (tokens in [0, vocab), or zeroes).
+  if (changed && threadIdx.x == 0) RejectRow(p, row);
 }
 
 __device__ __forceinline__ int32_t ProtoRowStatus(RowStatus status) {
@@ -350,11 +378,14 @@ StepBuffers Carve(void* workspace, uint32_t m, int64_t vocab, bool sampled_logpr
   out.status = reinterpret_cast<RowStatus*>(ws);
   ws += AlignUp(m * sizeof(RowStatus));
   out.counts = nullptr;
+  out.headers = nullptr;
   out.offsets = nullptr;
   out.adjusts = nullptr;
   if (adjusts >= 0) {
     out.counts = reinterpret_cast<uint32_t*>(ws);
     ws += AlignUp(m * sizeof(uint32_t));
+    out.headers = reinterpret_cast<SessionRowHeader*>(ws);
+    ws += AlignUp(m * sizeof(SessionRowHeader));
     out.offsets = reinterpret_cast<uint32_t*>(ws);
     ws += AlignUp((m + 1ull) * sizeof(uint32_t));
     out.adjusts = reinterpret_cast<TokenAdjust*>(ws);
@@ -372,6 +403,7 @@ size_t SessionStepWorkspaceBytes(uint32_t max_batch, int64_t vocab, bool sampled
   size_t processors = 0;
   if (adjusts >= 0) {
     processors = AlignUp(max_batch * sizeof(uint32_t)) +
+                 AlignUp(max_batch * sizeof(SessionRowHeader)) +
                  AlignUp((max_batch + 1ull) * sizeof(uint32_t)) +
                  AlignUp(static_cast<size_t>(adjusts) * sizeof(TokenAdjust));
   }
@@ -419,6 +451,7 @@ int SessionStep(const SessionStepArgs& args, void* workspace, size_t workspace_b
         buffers.row_params,
         buffers.valid,
         buffers.counts,
+        buffers.headers,
         buffers.offsets,
         buffers.adjusts};
     const unsigned rows = args.max_batch;

@@ -12,7 +12,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
+
+#include "kernels/gpu/emu/launch_hook.h"
 
 namespace samplerd::kernels::gpu::emu {
 namespace {
@@ -224,9 +227,17 @@ void RunBlock(BlockRun& b) {
   }
 }
 
+// launch_hook.h's hook (test-only): run after each grid.
+std::function<void()> after_launch;
+
 }  // namespace
 
 Coordinates& Current() { return coordinates; }
+
+std::function<void()> SetAfterLaunchHook(std::function<void()> hook) {
+  std::swap(after_launch, hook);
+  return hook;
+}
 
 void RunGrid(Dim3 grid, Dim3 block, int wave_size, const std::function<void()>& body) {
   if (running != nullptr) Fail("a launch from inside a kernel");
@@ -261,6 +272,7 @@ void RunGrid(Dim3 grid, Dim3 block, int wave_size, const std::function<void()>& 
     }
   }
   running = nullptr;
+  if (after_launch) after_launch();
 }
 
 int BlockBarrier(int predicate) {
