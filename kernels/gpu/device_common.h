@@ -350,6 +350,22 @@ struct BlockReduce {
   }
 };
 
+// Whether a drawn token is one of the row's. Always, unless the logits changed between the
+// launches of one call (an engine writing its buffers during a device-session step): then every
+// filter may keep nothing that pass 1 saw, and a draw over nothing gives -1 or INT64_MAX.
+__device__ __forceinline__ bool TokenInRow(int64_t token, int64_t vocab) {
+  return token >= 0 && token < vocab;
+}
+
+// A row's token and status, by one thread: kOk, or, for a token outside the row (TokenInRow),
+// -1 and kNoFinite, never an OK row with token -1.
+__device__ __forceinline__ void WriteRowToken(int32_t* token_ids, RowStatus* status, int64_t row,
+                                              int64_t token, int64_t vocab) {
+  const bool ok = TokenInRow(token, vocab);
+  token_ids[row] = ok ? static_cast<int32_t>(token) : -1;
+  status[row] = ok ? RowStatus::kOk : RowStatus::kNoFinite;
+}
+
 }  // namespace samplerd::kernels::gpu
 
 #endif  // SAMPLERD_KERNELS_GPU_DEVICE_COMMON_H_

@@ -40,7 +40,11 @@ __device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
                                  const float* chunk_max, const double* chunk_scale, int64_t row,
                                  int chunks, const RowParams& params, SelectStorage& s,
                                  typename BlockReduce<kThreads>::Storage& reduce) {
-  const int n = static_cast<int>(plan.boundary_count);  // <= kBoundaryCap on kTwoPass
+  // The entries pass 2 appended: the plan's count (<= kBoundaryCap on kTwoPass), unless the
+  // logits changed between the launches (an engine writing them during a device-session step);
+  // entries past those appended are another call's, of tokens maybe outside this row.
+  const uint32_t fill = *static_cast<const volatile uint32_t*>(ws.boundary_fill + row);
+  const int n = static_cast<int>(fill < plan.boundary_count ? fill : plan.boundary_count);
   const volatile uint32_t* list_key = ws.boundary_key + row * kBoundaryCap;
   const volatile int32_t* list_index = ws.boundary_index + row * kBoundaryCap;
   // Lists of up to one token a thread are sorted whole (by rank: cheap); longer ones are split
@@ -367,10 +371,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   }
   const int64_t token = FinishMassRow<kThreads>(ws, plan, sh.ref.max, sh.ref.scale, row, chunks,
                                                 params, sh.select, reduce);
-  if (threadIdx.x == 0) {
-    token_ids[row] = static_cast<int32_t>(token);
-    status[row] = RowStatus::kOk;
-  }
+  if (threadIdx.x == 0) WriteRowToken(token_ids, status, row, token, vocab);
 }
 
 // Launch: grid (chunks, batch), kMassDrawThreads threads, after RowFinishKernel made the plans.

@@ -92,6 +92,22 @@ __device__ RowSummary RawRowSummary(const RowSource<kDType>& raw, FinishShared& 
   return r;
 }
 
+// A row without a token: -1, `status`, and its logprob outputs empty. Every thread calls.
+__device__ void FinishInvalidRow(const RowFinishParams& p, int64_t row, RowStatus status) {
+  if (threadIdx.x == 0) {
+    p.token_ids[row] = -1;
+    p.status[row] = status;
+    if (p.top_logprobs >= 0) {
+      if (p.sampled_logprob != nullptr) p.sampled_logprob[row] = -kInfF;
+      if (p.sampled_rank != nullptr) p.sampled_rank[row] = 0;
+    }
+  }
+  for (int i = threadIdx.x; i < p.top_logprobs; i += kFinishThreads) {
+    p.top_ids[row * p.top_logprobs + i] = -1;
+    p.top_values[row * p.top_logprobs + i] = -kInfF;
+  }
+}
+
 // Pass 2: one block per row. A mass row gets its plan here; on the two-pass plan it is left to
 // MassDrawKernel (mass_draw.h), else it is finished here like every other row.
 template <DType kDType>
@@ -122,10 +138,7 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     plain_token = InverseCdfToken<kFinishThreads, kDType>(p.rows, row, params, stats,
                                                           sh.inverse_cdf, sh.reduce);
     if (p.top_logprobs < 0 && plain_token >= 0) {
-      if (threadIdx.x == 0) {
-        p.token_ids[row] = static_cast<int32_t>(plain_token);
-        p.status[row] = RowStatus::kOk;
-      }
+      if (threadIdx.x == 0) WriteRowToken(p.token_ids, p.status, row, plain_token, p.rows.vocab);
       return;
     }
   }
@@ -156,10 +169,7 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
                                                sh.candidates.max_z, sh.candidates.sum_exp_z, params,
                                                sh.candidates, sh.select, sh.reduce);
       }
-      if (threadIdx.x == 0) {
-        p.token_ids[row] = static_cast<int32_t>(token);
-        p.status[row] = RowStatus::kOk;
-      }
+      if (threadIdx.x == 0) WriteRowToken(p.token_ids, p.status, row, token, p.rows.vocab);
       return;
     }
   }
@@ -187,18 +197,7 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
                  : RowStatus::kNoFinite;
   }
   if (status != RowStatus::kOk) {
-    if (threadIdx.x == 0) {
-      p.token_ids[row] = -1;
-      p.status[row] = status;
-      if (p.top_logprobs >= 0) {
-        if (p.sampled_logprob != nullptr) p.sampled_logprob[row] = -kInfF;
-        if (p.sampled_rank != nullptr) p.sampled_rank[row] = 0;
-      }
-    }
-    for (int i = threadIdx.x; i < p.top_logprobs; i += kFinishThreads) {
-      p.top_ids[row * p.top_logprobs + i] = -1;
-      p.top_values[row * p.top_logprobs + i] = -kInfF;
-    }
+    FinishInvalidRow(p, row, status);
     return;
   }
 
@@ -235,6 +234,10 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
     token = FilterAndDraw(candidates, params, p.rows.vocab, summary, sh, &threshold, &mass, &count);
   } else {
     token = FilterAndDraw(z_source, params, p.rows.vocab, summary, sh, &threshold, &mass, &count);
+  }
+  if (!TokenInRow(token, p.rows.vocab)) {  // the logits changed since pass 1 (TokenInRow)
+    FinishInvalidRow(p, row, RowStatus::kNoFinite);
+    return;
   }
   if (threadIdx.x == 0) {
     p.token_ids[row] = static_cast<int32_t>(token);

@@ -274,7 +274,9 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
     source.ForEach([&](uint32_t key, int64_t, float z) {
       if (key < lo_key) return;
       const int b = value_bin(z);
-      if (b < 0) return;
+      // Unsigned: also drops a z above row_max (bin >= kHistBins), which only logits changed
+      // since pass 1 can hold (an engine writing them during a device-session step).
+      if (static_cast<unsigned>(b) >= static_cast<unsigned>(kHistBins)) return;
       atomicAdd(&s.hist.count[b], 1u);
       AddBinWeight(s, b, static_cast<uint32_t>(FixedMass(z, row_max)));
     });

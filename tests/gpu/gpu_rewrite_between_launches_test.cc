@@ -350,24 +350,24 @@ void RunEveryRewrite(const Case& c, const std::vector<Rewrite>& rewrites = kRewr
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-// The mixed batches are known to fail today, so they are disabled (run them with
-// --gtest_also_run_disabled_tests; -fsanitize=bounds aborts at the first index out of range):
-//  - a token raised above pass 1's row max (negate, shift_up, scatter, huge) gets a ValueBin
+// Every path in one batch. Each rewrite found a fault before the kernels were hardened:
+//  - a token raised above pass 1's row max (negate, shift_up, scatter, huge) got a ValueBin
 //    (select.h) past kHistBins in RowFinishKernel's SelectThreshold: a shared-memory write out
 //    of bounds (top-p rows on the one-block finish: with logprobs, min-p, or k > 256);
-//  - every token dropped below what pass 1 saw (shift_down, all_neg_inf) leaves rows with
-//    nothing to draw: status OK with token -1 (min-p on the one-block finish, the mass path).
-TEST(RewriteBetweenLaunches, DISABLED_MixedRowsLargeVocab) {
+//  - every token dropped below what pass 1 saw (shift_down, all_neg_inf) left rows with nothing
+//    to draw: status OK with token -1 (min-p on the one-block finish, the mass path); such rows
+//    now get status kNoFinite (WriteRowToken, device_common.h).
+TEST(RewriteBetweenLaunches, MixedRowsLargeVocab) {
   // B * chunks = 9 * 19 <= 800: the mass path sums sub-bins in pass 2 (presum_boundary).
   RunEveryRewrite(Case{"mixed_v151936_b9", 9, 151936});
 }
 
-TEST(RewriteBetweenLaunches, DISABLED_MixedRowsWithLogprobs) {
+TEST(RewriteBetweenLaunches, MixedRowsWithLogprobs) {
   // Logprobs: no mass path; top-p rows read the row again in the one-block finish.
   RunEveryRewrite(Case{"mixed_logprobs", 9, 40000, 2});
 }
 
-TEST(RewriteBetweenLaunches, DISABLED_MixedRowsWithProcessors) {
+TEST(RewriteBetweenLaunches, MixedRowsWithProcessors) {
   RunEveryRewrite(Case{"mixed_processors", 9, 40000, -1, true});
 }
 
