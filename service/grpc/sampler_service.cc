@@ -37,11 +37,12 @@ absl::StatusOr<core::RegionInfo> Register(core::RegionRegistry* regions,
 }  // namespace
 
 SamplerServiceImpl::SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions,
-                                       int64_t max_message_bytes, metrics::SamplerMetrics* metrics,
-                                       const PeerTable* peers)
+                                       int64_t max_message_bytes, absl::Duration chunk_timeout,
+                                       metrics::SamplerMetrics* metrics, const PeerTable* peers)
     : core_(core),
       allow_remote_regions_(allow_remote_regions),
       max_message_bytes_(max_message_bytes),
+      chunk_timeout_(chunk_timeout),
       metrics_(metrics),
       peers_(peers) {
   // An owner's exit unregisters regions behind the service's back: recount them.
@@ -108,7 +109,7 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::Sample(grpc::CallbackServerContext
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SamplerServiceImpl::SampleStream(
     grpc::CallbackServerContext* context) {
-  return new SampleStreamReactor(core_, context, allow_remote_regions_, metrics_);
+  return new SampleStreamReactor(core_, context, allow_remote_regions_, metrics_, chunk_timeout_);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SamplerServiceImpl::DeviceSession(
