@@ -174,7 +174,7 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::GetServerInfo(grpc::CallbackServer
                                                             grpc::ByteBuffer* raw_response) {
   auto* call = new UnaryCall<v1::GetServerInfoRequest, v1::GetServerInfoResponse>(raw_response);
   if (!Parse(call, raw_request, Method::kGetServerInfo)) return call;
-  ToProto(core_->Info(), max_message_bytes_, &call->response);
+  ToProto(core_->Info(), max_message_bytes_, chunk_timeout_, &call->response);
   Finish(call, Method::kGetServerInfo, grpc::Status::OK);
   return call;
 }

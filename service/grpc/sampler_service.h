@@ -41,8 +41,8 @@ class SamplerServiceImpl final : public RawSamplerService {
  public:
   // `core` must outlive the service and every call on it; so must `metrics` (null: none) and
   // `peers` (null: no caller is known, and regions are registered without an owner).
-  // `max_message_bytes` is the server's message size limit, which GetServerInfo reports;
-  // `chunk_timeout` (> 0) bounds each chunked SampleStream step (SampleStreamReactor).
+  // `max_message_bytes` is the server's message size limit; `chunk_timeout` (> 0) bounds each
+  // chunked SampleStream step (SampleStreamReactor). GetServerInfo reports both.
   SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions, int64_t max_message_bytes,
                      absl::Duration chunk_timeout, metrics::SamplerMetrics* metrics = nullptr,
                      const PeerTable* peers = nullptr);

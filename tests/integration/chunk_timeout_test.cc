@@ -36,6 +36,7 @@ class ChunkTimeout : public ServerSuite {
     ServerProcess::Options options = CpuServerOptions();
     options.extra_args.push_back("--chunk_timeout_ms=" + std::to_string(kTimeoutMs));
     options.extra_args.push_back("--max_inflight_bytes=" + std::to_string(kBudget));
+    options.extra_args.push_back("--max_inflight=64");
     options.extra_args.push_back("--metrics_port=" + std::to_string(port_));
     options.extra_args.push_back("--metrics_address=127.0.0.1");
     StartServer(options);
@@ -78,6 +79,14 @@ class ChunkTimeout : public ServerSuite {
   grpc::ClientContext context_;
   std::unique_ptr<RawStream> stream_;
 };
+
+TEST_F(ChunkTimeout, GetServerInfoReportsTheDeadlineAndTheInflightLimits) {
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(client_->GetServerInfo(&info).ok());
+  EXPECT_EQ(info.limits().chunk_timeout_ms(), kTimeoutMs);
+  EXPECT_EQ(info.limits().max_inflight_bytes(), kBudget);
+  EXPECT_EQ(info.limits().max_inflight(), 64);
+}
 
 TEST_F(ChunkTimeout, AStalledStepIsAnsweredDeadlineExceededAndItsBytesAreFreeWithNoClientAction) {
   const double expired_before = Requests(ScrapeMetrics(port_), "SampleStream", "DEADLINE_EXCEEDED");
