@@ -29,23 +29,16 @@ std::string Expired(int64_t timeout_ms, int64_t received, int64_t bytes, int mes
          "; the step's remaining chunks will be skipped";
 }
 
-class ChunkTimeout : public ServerSuite {
+class ChunkTimeout : public ChunkedStepSuite {
  protected:
   static void SetUpTestSuite() {
-    port_ = PickFreeTcpPort();
-    ServerProcess::Options options = CpuServerOptions();
-    options.extra_args.push_back("--chunk_timeout_ms=" + std::to_string(kTimeoutMs));
-    options.extra_args.push_back("--max_inflight_bytes=" + std::to_string(kBudget));
-    options.extra_args.push_back("--max_inflight=64");
-    options.extra_args.push_back("--metrics_port=" + std::to_string(port_));
-    options.extra_args.push_back("--metrics_address=127.0.0.1");
-    StartServer(options);
+    metrics_port_ = StartServerWithMetrics({"--chunk_timeout_ms=" + std::to_string(kTimeoutMs),
+                                            "--max_inflight_bytes=" + std::to_string(kBudget),
+                                            "--max_inflight=64"});
   }
 
   void SetUp() override {
-    ServerSuite::SetUp();
-    stub_ = v1::SamplerService::NewStub(
-        grpc::CreateChannel(server().target(), grpc::InsecureChannelCredentials()));
+    ChunkedStepSuite::SetUp();
     // Without the deadline, a stalled step is never answered: fail, do not hang.
     context_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     stream_ = stub_->SampleStream(&context_);
@@ -74,8 +67,6 @@ class ChunkTimeout : public ServerSuite {
     EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
   }
 
-  inline static int port_ = 0;
-  std::unique_ptr<v1::SamplerService::Stub> stub_;
   grpc::ClientContext context_;
   std::unique_ptr<RawStream> stream_;
 };
@@ -89,7 +80,8 @@ TEST_F(ChunkTimeout, GetServerInfoReportsTheDeadlineAndTheInflightLimits) {
 }
 
 TEST_F(ChunkTimeout, AStalledStepIsAnsweredDeadlineExceededAndItsBytesAreFreeWithNoClientAction) {
-  const double expired_before = Requests(ScrapeMetrics(port_), "SampleStream", "DEADLINE_EXCEEDED");
+  const double expired_before =
+      Requests(ScrapeMetrics(metrics_port_), "SampleStream", "DEADLINE_EXCEEDED");
   v1::SampleStreamRequest first = FirstMessage(kVocab16MB);
   first.mutable_request()->set_request_id("stalled");
   ASSERT_TRUE(stream_->Write(first));
@@ -99,9 +91,10 @@ TEST_F(ChunkTimeout, AStalledStepIsAnsweredDeadlineExceededAndItsBytesAreFreeWit
   EXPECT_EQ(expired.response().request_id(), "stalled");
   EXPECT_EQ(expired.status().code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(expired.status().message(), Expired(kTimeoutMs, 0, 4 * kVocab16MB, 1));
-  EXPECT_TRUE(WaitForBytesInFlight(port_, 0)) << BytesInFlight(port_);
-  EXPECT_EQ(Requests(ScrapeMetrics(port_), "SampleStream", "DEADLINE_EXCEEDED") - expired_before,
-            1);
+  EXPECT_TRUE(WaitForBytesInFlight(0)) << BytesInFlight();
+  EXPECT_EQ(
+      Requests(ScrapeMetrics(metrics_port_), "SampleStream", "DEADLINE_EXCEEDED") - expired_before,
+      1);
 
   // Another client's request that needs those bytes (it would not fit beside the step) is served.
   v1::SampleResponse response;
@@ -112,7 +105,7 @@ TEST_F(ChunkTimeout, AStalledStepIsAnsweredDeadlineExceededAndItsBytesAreFreeWit
   // The stream goes on with a new step; the expired step's chunks never came.
   ExpectAStepIsServed();
   ExpectTheStreamEndsOk();
-  EXPECT_EQ(BytesInFlight(port_), 0);
+  EXPECT_EQ(BytesInFlight(), 0);
 }
 
 TEST_F(ChunkTimeout, TheLateChunksOfAnExpiredStepAreSkippedAndTheStreamGoesOn) {
@@ -124,14 +117,14 @@ TEST_F(ChunkTimeout, TheLateChunksOfAnExpiredStepAreSkippedAndTheStreamGoesOn) {
   ASSERT_TRUE(stream_->Read(&expired));
   EXPECT_EQ(expired.status().code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(expired.status().message(), Expired(kTimeoutMs, kChunkBytes, 4 * kVocab8MB, 1));
-  EXPECT_TRUE(WaitForBytesInFlight(port_, 0)) << BytesInFlight(port_);
+  EXPECT_TRUE(WaitForBytesInFlight(0)) << BytesInFlight();
 
   // The rest of the step comes late, up to its last chunk: no answer for any of it (an answer
   // would come before the next step's).
   SendChunks(stream_.get(), 4 * kVocab8MB - kChunkBytes);
   ExpectAStepIsServed();
   ExpectTheStreamEndsOk();
-  EXPECT_EQ(BytesInFlight(port_), 0);
+  EXPECT_EQ(BytesInFlight(), 0);
 }
 
 TEST_F(ChunkTimeout, AStalledStepRefusedAtItsFirstMessageIsAnsweredWithItsRefusalAtTheDeadline) {

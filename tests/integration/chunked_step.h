@@ -1,10 +1,11 @@
-// Chunked SampleStream steps of zeros on a raw stream, and the server's bytes in flight, for the
-// tests of --max_inflight_bytes and --chunk_timeout_ms. A step's first message carries its shape
-// and no bytes, so a test holds back its chunks for as long as it wants.
+// Chunked SampleStream steps of zeros on a raw stream, and a suite that reads the server's bytes
+// in flight, for the tests of --max_inflight_bytes and --chunk_timeout_ms. A step's first message
+// carries its shape and no bytes, so a test holds back its chunks for as long as it wants.
 #ifndef SAMPLERD_TESTS_INTEGRATION_CHUNKED_STEP_H_
 #define SAMPLERD_TESTS_INTEGRATION_CHUNKED_STEP_H_
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,20 +60,34 @@ inline v1::SampleStreamResponse ChunkedStep(RawStream* stream, int64_t vocab) {
   return FinishStep(stream, vocab);
 }
 
-// samplerd_inflight_bytes of the server whose metrics are on 127.0.0.1:`metrics_port`.
-inline double BytesInFlight(int metrics_port) {
-  return SeriesValue(ScrapeMetrics(metrics_port), "samplerd_inflight_bytes");
-}
-
-// Waits until that server reports `bytes` in flight; false after 30 s.
-inline bool WaitForBytesInFlight(int metrics_port, double bytes) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline) {
-    if (BytesInFlight(metrics_port) == bytes) return true;
-    absl::SleepFor(absl::Milliseconds(10));  // each scrape is a new connection
+// A suite whose server exposes its metrics on loopback (start it with StartServerWithMetrics and
+// keep the port in metrics_port_), with a stub for raw streams.
+class ChunkedStepSuite : public ServerSuite {
+ protected:
+  void SetUp() override {
+    ServerSuite::SetUp();
+    stub_ = v1::SamplerService::NewStub(
+        grpc::CreateChannel(server().target(), grpc::InsecureChannelCredentials()));
   }
-  return false;
-}
+
+  // The server's samplerd_inflight_bytes.
+  static double BytesInFlight() {
+    return SeriesValue(ScrapeMetrics(metrics_port_), "samplerd_inflight_bytes");
+  }
+
+  // Waits until the server reports `bytes` in flight; false after 30 s.
+  static bool WaitForBytesInFlight(double bytes) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      if (BytesInFlight() == bytes) return true;
+      absl::SleepFor(absl::Milliseconds(10));  // each scrape is a new connection
+    }
+    return false;
+  }
+
+  inline static int metrics_port_ = 0;
+  std::unique_ptr<v1::SamplerService::Stub> stub_;
+};
 
 }  // namespace samplerd::integration
 

@@ -28,35 +28,16 @@ std::string Full(int64_t more, int64_t in_flight) {
          " more with " + std::to_string(in_flight) + " in flight; retry later";
 }
 
-class InflightBytes : public ServerSuite {
+class InflightBytes : public ChunkedStepSuite {
  protected:
   static void SetUpTestSuite() {
-    port_ = PickFreeTcpPort();
-    ServerProcess::Options options = CpuServerOptions();
-    options.extra_args.push_back("--max_inflight_bytes=" + std::to_string(kBudget));
-    options.extra_args.push_back("--metrics_port=" + std::to_string(port_));
-    options.extra_args.push_back("--metrics_address=127.0.0.1");
-    StartServer(options);
-  }
-
-  void SetUp() override {
-    ServerSuite::SetUp();
-    stub_ = v1::SamplerService::NewStub(
-        grpc::CreateChannel(server().target(), grpc::InsecureChannelCredentials()));
-  }
-
-  static double BytesInFlight() { return integration::BytesInFlight(port_); }
-  static bool WaitForBytesInFlight(double bytes) {
-    return integration::WaitForBytesInFlight(port_, bytes);
+    metrics_port_ = StartServerWithMetrics({"--max_inflight_bytes=" + std::to_string(kBudget)});
   }
 
   // Sends Zeros(vocab) as one Sample call.
   grpc::Status Sample(int64_t vocab, v1::SampleResponse* response) {
     return client_->Sample(Zeros(vocab), response);
   }
-
-  inline static int port_ = 0;
-  std::unique_ptr<v1::SamplerService::Stub> stub_;
 };
 
 TEST_F(InflightBytes, AChunkedStepReservesItsBytesAtItsFirstMessageAndUnaryRequestsMustFit) {
