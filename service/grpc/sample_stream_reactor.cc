@@ -146,29 +146,37 @@ void SampleStreamReactor::HandleMessageLocked() {
 void SampleStreamReactor::StartAssemblyLocked(Step* step) {
   assembling_ = step;
   step->messages = 1;
-  const uint64_t assembly = ++assembly_;
   ++alarms_pending_;
-  chunk_alarm_ = std::make_unique<grpc::Alarm>();
+  auto* alarm = new grpc::Alarm();
+  chunk_alarm_ = alarm;
   // On the monotonic clock: a change of the wall clock neither hastens nor delays it.
-  chunk_alarm_->Set(
+  alarm->Set(
       gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                    gpr_time_from_millis(absl::ToInt64Milliseconds(chunk_timeout_), GPR_TIMESPAN)),
-      [this, assembly](bool fired) { OnChunkDeadline(assembly, fired); });
+      [this, alarm](bool /*fired*/) {
+        OnChunkDeadline(alarm);
+        delete alarm;  // without mu_ (chunk_alarm_ says why); `this` may be gone by now
+      });
 }
 
 void SampleStreamReactor::EndAssemblyLocked() {
   assembling_ = nullptr;
-  chunk_alarm_.reset();  // cancels it if pending: its callback runs with `fired` false
+  if (chunk_alarm_ != nullptr) {
+    chunk_alarm_->Cancel();  // when pending: its callback runs soon, with `fired` false
+    chunk_alarm_ = nullptr;
+  }
 }
 
-void SampleStreamReactor::OnChunkDeadline(uint64_t assembly, bool fired) {
+void SampleStreamReactor::OnChunkDeadline(const grpc::Alarm* alarm) {
   bool last;
   {
     std::lock_guard<std::mutex> lock(mu_);
     --alarms_pending_;
-    // Only the step this alarm was set for, still assembling: when its last chunk won the race,
-    // the step was submitted and assembling_ is null or a later step.
-    if (fired && assembling_ != nullptr && assembly == assembly_ && !finished_) {
+    // Only while the step it was set for is still assembling, which means it fired: when the
+    // step's last chunk won the race (or the step failed, or the stream finished), the alarm was
+    // cancelled and forgotten (EndAssemblyLocked), and chunk_alarm_ is null or a later step's.
+    // (An alarm is deleted after its callback: no later alarm can have its address yet.)
+    if (alarm == chunk_alarm_) {
       Step* step = assembling_;
       absl::Status status = step->error;  // a step that failed already keeps its reason
       if (status.ok()) {

@@ -67,7 +67,7 @@ class SampleStreamReactor final
   struct Step {
     v1::SampleStreamRequest message;  // owns the logits bytes while the step is sampled
     v1::SampleStreamResponse response;
-    absl::Status error;          // set while assembling: the step fails once its last chunk arrives
+    absl::Status error;  // set while assembling: the step fails at its last chunk (or deadline)
     int64_t expected_bytes = 0;  // a chunked step's logits bytes, from its shape and dtype
     int64_t messages = 0;        // a chunked step's messages so far, its first included
     // A chunked step's expected_bytes, reserved at its first message; handed to the core with
@@ -87,9 +87,9 @@ class SampleStreamReactor final
   // Ends the assembly in progress, its last chunk come or the step failed: cancels its deadline
   // (mu_ held).
   void EndAssemblyLocked();
-  // The deadline alarm of assembly number `assembly`, run once on gRPC's executor: `fired` when
-  // its time passed, false when it was cancelled. Fails that step if it is still assembling.
-  void OnChunkDeadline(uint64_t assembly, bool fired);
+  // The callback of deadline `alarm`, run once on gRPC's executor when its time passed or it was
+  // cancelled: fails its step if that is still assembling. May delete this.
+  void OnChunkDeadline(const grpc::Alarm* alarm);
   // Starts sampling `step` (mu_ held; the step is already queued in steps_).
   void SubmitLocked(Step* step);
   // Marks `step` answered with `status` (mu_ held).
@@ -108,11 +108,13 @@ class SampleStreamReactor final
   grpc::ByteBuffer write_bytes_;             // the front step's response, serialized, while writing
   std::deque<std::unique_ptr<Step>> steps_;  // arrival order; front is the next to write
   Step* assembling_ = nullptr;               // a chunked step waiting for more chunks
-  // assembling_'s deadline. Its callback runs exactly once (fired or cancelled) and always on
-  // gRPC's executor threads, never inside Set or ~Alarm (grpc src/cpp/common/alarm.cc), so the
-  // alarm may be set and destroyed with mu_ held.
-  std::unique_ptr<grpc::Alarm> chunk_alarm_;
-  uint64_t assembly_ = 0;   // numbers chunked steps, so that an alarm knows its own
+  // assembling_'s deadline (null: none); one alarm per chunked step. gRPC runs an alarm's
+  // callback exactly once (fired or cancelled) on its executor threads, never inside Set or
+  // Cancel (grpc src/cpp/common/alarm.cc), so alarms are set and cancelled with mu_ held. They
+  // are deleted by their own callback, never with mu_ held: ~Alarm may drop gRPC's last library
+  // reference, and grpc_shutdown joins the executor threads, one of which may be waiting for
+  // mu_ in an alarm's callback (a deadlock the stream fuzzer found).
+  grpc::Alarm* chunk_alarm_ = nullptr;
   int alarms_pending_ = 0;  // alarm callbacks still to run; the last one may delete this
   bool skipping_ = false;   // dropping the rest of a step that expired in assembly
   bool done_ = false;       // OnDone has run: the reactor goes once no alarm is pending
