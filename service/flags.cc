@@ -54,6 +54,15 @@ ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "holds ~2.5x a message's bytes at its peak, admitted or not: size it so that 256 MiB "
           "+ 2.5 x (this + max_inflight x max_message_bytes) fits the memory limit. "
           "0 = no limit (then chunked steps, up to 1 GiB each, are bounded by nothing).");
+// No 0 = "no deadline": a chunked step holds its bytes of --max_inflight_bytes (and its buffer)
+// until its last chunk, so one with no deadline lets a stalled client hold them for ever. A
+// deployment whose clients send slowly sets a longer one.
+ABSL_FLAG(int64_t, chunk_timeout_ms, 10000,
+          "Longest time from a chunked SampleStream step's first message to its last, in "
+          "milliseconds (1 to 86400000). When it passes first, the step is answered "
+          "DEADLINE_EXCEEDED at once, its reserved bytes are freed, the rest of its chunks are "
+          "skipped and the stream goes on. Allow the largest step's transfer time (1 GiB takes "
+          "~9 s at 1 Gbit/s).");
 ABSL_FLAG(int32_t, max_device_sessions, 8,
           "Most device sessions (DeviceSession calls) open at once; one more is "
           "RESOURCE_EXHAUSTED. Each host-plane session holds CPU threads. 0 = none.");
@@ -102,6 +111,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 
 namespace samplerd {
 namespace {
+
+// The longest --chunk_timeout_ms: a day (a bound, so that deadlines never overflow).
+constexpr int64_t kMaxChunkTimeoutMs = int64_t{24} * 60 * 60 * 1000;
 
 absl::Status CheckPort(const char* flag, int32_t port) {
   if (port < 0 || port > 65535) {
@@ -302,6 +314,13 @@ absl::StatusOr<ProcessOptions> OptionsFromFlags() {
   grpc_transport::ServerOptions& server = options.server;
   server.listen = absl::StrSplit(absl::GetFlag(FLAGS_listen), ',', absl::SkipEmpty());
   server.allow_remote_regions = absl::GetFlag(FLAGS_allow_remote_regions);
+  const int64_t chunk_timeout_ms = absl::GetFlag(FLAGS_chunk_timeout_ms);
+  if (chunk_timeout_ms < 1 || chunk_timeout_ms > kMaxChunkTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat("expected --chunk_timeout_ms in [1, ",
+                                                   kMaxChunkTimeoutMs, "] (1 ms to 1 day), got ",
+                                                   chunk_timeout_ms));
+  }
+  server.chunk_timeout = absl::Milliseconds(chunk_timeout_ms);
   server.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   server.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   server.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

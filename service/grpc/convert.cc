@@ -183,7 +183,7 @@ void ToProto(const core::RegionInfo& in, v1::RegionInfo* out) {
   out->set_owner_watched(in.owner_watched);
 }
 
-void ToProto(const core::ServerInfo& in, int64_t max_message_bytes,
+void ToProto(const core::ServerInfo& in, int64_t max_message_bytes, absl::Duration chunk_timeout,
              v1::GetServerInfoResponse* out) {
   out->set_version(in.version);
   out->set_backend(in.backend == core::BackendKind::kGpu ? v1::BACKEND_GPU : v1::BACKEND_CPU);
@@ -202,6 +202,9 @@ void ToProto(const core::ServerInfo& in, int64_t max_message_bytes,
   limits->set_max_message_bytes(max_message_bytes);
   limits->set_max_top_logprobs(in.limits.max_top_logprobs);
   limits->set_max_device_sessions(in.device_sessions.max_sessions);
+  limits->set_max_inflight(in.limits.max_inflight);
+  limits->set_max_inflight_bytes(in.limits.max_inflight_bytes);
+  limits->set_chunk_timeout_ms(absl::ToInt64Milliseconds(chunk_timeout));
   v1::DeviceSessionSupport* sessions = out->mutable_device_sessions();
   sessions->set_gpu_plane(in.device_sessions.gpu_plane);
   sessions->set_host_plane(in.device_sessions.host_plane);

@@ -32,8 +32,10 @@ void ToProto(const core::SampleResult& in, v1::SampleResponse* out);
 // Fills `out` from a registered region's description.
 void ToProto(const core::RegionInfo& in, v1::RegionInfo* out);
 
-// Fills `out` from the server's description and the transport's message size limit.
-void ToProto(const core::ServerInfo& in, int64_t max_message_bytes, v1::GetServerInfoResponse* out);
+// Fills `out` from the server's description and the transport's own limits: its message size
+// limit and its chunked steps' deadline (limits.chunk_timeout_ms, whole milliseconds).
+void ToProto(const core::ServerInfo& in, int64_t max_message_bytes, absl::Duration chunk_timeout,
+             v1::GetServerInfoResponse* out);
 
 // Fills `out` from a DeviceSessionOpen. Enum numbers are copied as they are (unknown ones
 // included): SessionManager::Open checks them.

@@ -1,5 +1,7 @@
 #include "service/grpc/sample_stream_reactor.h"
 
+#include <grpc/support/time.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,13 +17,29 @@ namespace samplerd::grpc_transport {
 SampleStreamReactor::SampleStreamReactor(core::SamplerCore* core,
                                          grpc::CallbackServerContext* context,
                                          bool allow_remote_regions,
-                                         metrics::SamplerMetrics* metrics)
+                                         metrics::SamplerMetrics* metrics,
+                                         absl::Duration chunk_timeout)
     : core_(core),
       context_(context),
       allow_remote_regions_(allow_remote_regions),
-      metrics_(metrics) {
+      metrics_(metrics),
+      chunk_timeout_(chunk_timeout) {
   std::lock_guard<std::mutex> lock(mu_);
   ProgressLocked();
+}
+
+void SampleStreamReactor::OnDone() {
+  bool last;
+  {
+    // gRPC calls OnDone once its own reactions have returned, but an executor callback that
+    // called Finish may still be releasing mu_: wait for it (as DeviceSessionReactor does).
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    last = alarms_pending_ == 0;
+  }
+  // Else an alarm's callback is still to run (a cancelled alarm's runs too, soon): it deletes
+  // the reactor, which must outlive it.
+  if (last) delete this;
 }
 
 void SampleStreamReactor::OnReadDone(bool ok) {
@@ -42,7 +60,7 @@ void SampleStreamReactor::OnReadDone(bool ok) {
       FailLocked(assembling_, absl::InvalidArgumentError(
                                   "expected the step's remaining chunks, got a message that "
                                   "does not parse"));
-      assembling_ = nullptr;
+      EndAssemblyLocked();
     }
   } else if (!ok) {
     reads_done_ = true;
@@ -50,7 +68,7 @@ void SampleStreamReactor::OnReadDone(bool ok) {
       FailLocked(assembling_, absl::InvalidArgumentError(
                                   "expected the step's remaining chunks, got the end of the "
                                   "stream"));
-      assembling_ = nullptr;
+      EndAssemblyLocked();
     }
   } else {
     HandleMessageLocked();
@@ -59,6 +77,15 @@ void SampleStreamReactor::OnReadDone(bool ok) {
 }
 
 void SampleStreamReactor::HandleMessageLocked() {
+  if (skipping_) {
+    // The rest of a step that expired in assembly, answered already: dropped up to its last
+    // chunk, or until the client starts the next step without sending them.
+    if (!read_.has_request()) {
+      skipping_ = read_.more_chunks();
+      return;
+    }
+    skipping_ = false;
+  }
   if (assembling_ == nullptr) {
     auto step = std::make_unique<Step>();
     Step* raw = step.get();
@@ -84,7 +111,7 @@ void SampleStreamReactor::HandleMessageLocked() {
       // The shape and dtype are known now: a step over the server's limits is refused before
       // its chunks are collected, and the rest are bounded by the bytes the shape needs.
       if (raw->error.ok()) raw->error = ExpectStepBytesLocked(raw);
-      assembling_ = raw;
+      StartAssemblyLocked(raw);
       return;
     }
     SubmitLocked(raw);
@@ -92,6 +119,7 @@ void SampleStreamReactor::HandleMessageLocked() {
   }
 
   Step* step = assembling_;
+  ++step->messages;
   if (read_.has_request()) {
     step->error = absl::InvalidArgumentError(
         "expected a chunk continuing the step in progress, got a new `request`");
@@ -110,9 +138,64 @@ void SampleStreamReactor::HandleMessageLocked() {
     }
   }
   if (!read_.more_chunks()) {
-    assembling_ = nullptr;
+    EndAssemblyLocked();
     SubmitLocked(step);
   }
+}
+
+void SampleStreamReactor::StartAssemblyLocked(Step* step) {
+  assembling_ = step;
+  step->messages = 1;
+  ++alarms_pending_;
+  auto* alarm = new grpc::Alarm();
+  chunk_alarm_ = alarm;
+  // On the monotonic clock: a change of the wall clock neither hastens nor delays it.
+  alarm->Set(
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                   gpr_time_from_millis(absl::ToInt64Milliseconds(chunk_timeout_), GPR_TIMESPAN)),
+      [this, alarm](bool /*fired*/) {
+        OnChunkDeadline(alarm);
+        delete alarm;  // without mu_ (chunk_alarm_ says why); `this` may be gone by now
+      });
+}
+
+void SampleStreamReactor::EndAssemblyLocked() {
+  assembling_ = nullptr;
+  if (chunk_alarm_ != nullptr) {
+    chunk_alarm_->Cancel();  // when pending: its callback runs soon, with `fired` false
+    chunk_alarm_ = nullptr;
+  }
+}
+
+void SampleStreamReactor::OnChunkDeadline(const grpc::Alarm* alarm) {
+  bool last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --alarms_pending_;
+    // Only while the step it was set for is still assembling, which means it fired: when the
+    // step's last chunk won the race (or the step failed, or the stream finished), the alarm was
+    // cancelled and forgotten (EndAssemblyLocked), and chunk_alarm_ is null or a later step's.
+    // (An alarm is deleted after its callback: no later alarm can have its address yet.)
+    if (alarm == chunk_alarm_) {
+      Step* step = assembling_;
+      absl::Status status = step->error;  // a step that failed already keeps its reason
+      if (status.ok()) {
+        status = absl::DeadlineExceededError(absl::StrCat(
+            "expected the chunked step's last chunk within ",
+            absl::ToInt64Milliseconds(chunk_timeout_),
+            " ms of its first message (--chunk_timeout_ms), got ",
+            step->message.request().logits().inline_data().size(), " of its ", step->expected_bytes,
+            " bytes in ", step->messages, step->messages == 1 ? " message" : " messages",
+            "; the step's remaining chunks will be skipped"));
+      }
+      EndAssemblyLocked();
+      FailLocked(step, status);  // frees its bytes now, not at the client's next message
+      skipping_ = true;
+      ProgressLocked();
+    }
+    last = done_ && alarms_pending_ == 0;
+  }
+  if (last) delete this;
 }
 
 absl::Status SampleStreamReactor::ExpectStepBytesLocked(Step* step) {
@@ -217,6 +300,10 @@ void SampleStreamReactor::ProgressLocked() {
                             : (reads_done_ && !reading_ && !writing_ && steps_.empty());
   if (done) {
     finished_ = true;
+    // A broken stream may end with a step in assembly: give its bytes back now (the reactor
+    // itself may outlive the core, until its alarm's callback has run) and cancel its alarm.
+    EndAssemblyLocked();
+    steps_.clear();
     Finish(broken_ ? grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed")
                    : ToGrpcStatus(end_status_));
   }

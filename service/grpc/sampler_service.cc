@@ -37,11 +37,12 @@ absl::StatusOr<core::RegionInfo> Register(core::RegionRegistry* regions,
 }  // namespace
 
 SamplerServiceImpl::SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions,
-                                       int64_t max_message_bytes, metrics::SamplerMetrics* metrics,
-                                       const PeerTable* peers)
+                                       int64_t max_message_bytes, absl::Duration chunk_timeout,
+                                       metrics::SamplerMetrics* metrics, const PeerTable* peers)
     : core_(core),
       allow_remote_regions_(allow_remote_regions),
       max_message_bytes_(max_message_bytes),
+      chunk_timeout_(chunk_timeout),
       metrics_(metrics),
       peers_(peers) {
   // An owner's exit unregisters regions behind the service's back: recount them.
@@ -108,7 +109,7 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::Sample(grpc::CallbackServerContext
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SamplerServiceImpl::SampleStream(
     grpc::CallbackServerContext* context) {
-  return new SampleStreamReactor(core_, context, allow_remote_regions_, metrics_);
+  return new SampleStreamReactor(core_, context, allow_remote_regions_, metrics_, chunk_timeout_);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SamplerServiceImpl::DeviceSession(
@@ -173,7 +174,7 @@ grpc::ServerUnaryReactor* SamplerServiceImpl::GetServerInfo(grpc::CallbackServer
                                                             grpc::ByteBuffer* raw_response) {
   auto* call = new UnaryCall<v1::GetServerInfoRequest, v1::GetServerInfoResponse>(raw_response);
   if (!Parse(call, raw_request, Method::kGetServerInfo)) return call;
-  ToProto(core_->Info(), max_message_bytes_, &call->response);
+  ToProto(core_->Info(), max_message_bytes_, chunk_timeout_, &call->response);
   Finish(call, Method::kGetServerInfo, grpc::Status::OK);
   return call;
 }

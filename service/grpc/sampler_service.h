@@ -7,6 +7,7 @@
 
 #include <mutex>
 
+#include "absl/time/time.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
 #include "service/core/sampler_core.h"
 #include "service/grpc/peer.h"
@@ -40,9 +41,11 @@ class SamplerServiceImpl final : public RawSamplerService {
  public:
   // `core` must outlive the service and every call on it; so must `metrics` (null: none) and
   // `peers` (null: no caller is known, and regions are registered without an owner).
-  // `max_message_bytes` is the server's message size limit, which GetServerInfo reports.
+  // `max_message_bytes` is the server's message size limit; `chunk_timeout` (> 0) bounds each
+  // chunked SampleStream step (SampleStreamReactor). GetServerInfo reports both.
   SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions, int64_t max_message_bytes,
-                     metrics::SamplerMetrics* metrics = nullptr, const PeerTable* peers = nullptr);
+                     absl::Duration chunk_timeout, metrics::SamplerMetrics* metrics = nullptr,
+                     const PeerTable* peers = nullptr);
   ~SamplerServiceImpl() override;
 
   // Each unary method: a samplerd.v1 request in `request`, its response written to `response`.
@@ -79,6 +82,7 @@ class SamplerServiceImpl final : public RawSamplerService {
   core::SamplerCore* core_;
   const bool allow_remote_regions_;
   const int64_t max_message_bytes_;
+  const absl::Duration chunk_timeout_;
   metrics::SamplerMetrics* const metrics_;
   const PeerTable* const peers_;
   std::mutex regions_gauge_mu_;  // orders recounts, so that the last one set wins

@@ -33,6 +33,9 @@ struct ServerOptions {
   std::vector<std::string> listen = {"unix:///run/samplerd/samplerd.sock"};
   // Largest message received or sent, bytes (--max_message_bytes); GetServerInfo reports it.
   int max_message_bytes = 256 << 20;
+  // How long a chunked SampleStream step may take from its first message to its last
+  // (--chunk_timeout_ms; > 0): then it fails DEADLINE_EXCEEDED and its reserved bytes are free.
+  absl::Duration chunk_timeout = absl::Seconds(10);
   // Serve region calls (and requests naming regions) to TCP clients too, not only to clients on
   // a unix socket (--allow_remote_regions).
   bool allow_remote_regions = false;
@@ -75,8 +78,8 @@ class SamplerServer {
 
  private:
   SamplerServer(core::SamplerCore* core, const ServerOptions& options)
-      : service_(core, options.allow_remote_regions, options.max_message_bytes, options.metrics,
-                 &peers_) {}
+      : service_(core, options.allow_remote_regions, options.max_message_bytes,
+                 options.chunk_timeout, options.metrics, &peers_) {}
 
   PeerTable peers_;  // before service_, which looks callers up in it
   SamplerServiceImpl service_;

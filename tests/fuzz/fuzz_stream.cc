@@ -11,6 +11,7 @@
 // error without a message, or with a code a step cannot get; a row's token and status that
 // disagree.
 #include <google/protobuf/stubs/logging.h>
+#include <grpc/grpc.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -171,6 +172,9 @@ void CheckStep(const v1::SampleStreamResponse& step, size_t i) {
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   google::protobuf::SetLogHandler(nullptr);
   samplerd::fuzz::Core();
+  // gRPC stays initialized, as a server keeps it: else each chunked step's deadline alarm would
+  // start gRPC up and shut it down again (its threads included), one input at a time.
+  grpc_init();
   return 0;
 }
 

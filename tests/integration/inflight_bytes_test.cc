@@ -6,19 +6,14 @@
 // The bytes in flight are read from the server's samplerd_inflight_bytes gauge, so no request
 // has to be slow: a chunked step whose chunks have not been sent holds its reservation for as
 // long as the test wants.
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/time/clock.h"
-#include "tests/integration/integration_fixture.h"
-#include "tests/integration/metrics_scrape.h"
+#include "tests/integration/chunked_step.h"
 
 namespace samplerd::integration {
 namespace {
-
-using RawStream = grpc::ClientReaderWriter<v1::SampleStreamRequest, v1::SampleStreamResponse>;
 
 // The budget, and fp32 [1, V] requests of 4 V bytes measured against it.
 constexpr int64_t kBudget = 20'000'000;
@@ -26,7 +21,6 @@ constexpr int64_t kVocab8MB = 2'000'000;   //  8,000,000 bytes
 constexpr int64_t kVocab14MB = 3'500'000;  // 14,000,000 bytes: does not fit beside 8 MB
 constexpr int64_t kVocab16MB = 4'000'000;  // 16,000,000 bytes
 constexpr int64_t kVocab21MB = 5'250'000;  // 21,000,000 bytes: never fits
-constexpr int64_t kChunkBytes = 1 << 20;
 
 std::string Full(int64_t more, int64_t in_flight) {
   return "expected at most " + std::to_string(kBudget) +
@@ -34,86 +28,16 @@ std::string Full(int64_t more, int64_t in_flight) {
          " more with " + std::to_string(in_flight) + " in flight; retry later";
 }
 
-// A greedy [1, vocab] fp32 request of zeros: the answer is token 0 (ties go to the lowest index).
-v1::SampleRequest Zeros(int64_t vocab) {
-  const std::vector<float> zeros(static_cast<size_t>(vocab), 0.0f);
-  return MakeFp32Request(zeros.data(), 1, vocab, {Greedy()});
-}
-
-// The first message of a chunked step of Zeros(vocab): its shape, no bytes, more to come.
-v1::SampleStreamRequest FirstMessage(int64_t vocab) {
-  v1::SampleStreamRequest first;
-  *first.mutable_request() = Zeros(vocab);
-  first.mutable_request()->mutable_logits()->set_inline_data("");
-  first.set_more_chunks(true);
-  return first;
-}
-
-// Sends the 4 * vocab bytes of zeros that follow FirstMessage(vocab), the last chunk ending the
-// step.
-void SendChunks(RawStream* stream, int64_t vocab) {
-  const int64_t bytes = 4 * vocab;
-  const std::string chunk(kChunkBytes, '\0');
-  for (int64_t sent = 0; sent < bytes; sent += kChunkBytes) {
-    v1::SampleStreamRequest next;
-    next.set_chunk(chunk.substr(0, static_cast<size_t>(std::min(kChunkBytes, bytes - sent))));
-    next.set_more_chunks(sent + kChunkBytes < bytes);
-    ASSERT_TRUE(stream->Write(next));
-  }
-}
-
-class InflightBytes : public ServerSuite {
+class InflightBytes : public ChunkedStepSuite {
  protected:
   static void SetUpTestSuite() {
-    port_ = PickFreeTcpPort();
-    ServerProcess::Options options = CpuServerOptions();
-    options.extra_args.push_back("--max_inflight_bytes=" + std::to_string(kBudget));
-    options.extra_args.push_back("--metrics_port=" + std::to_string(port_));
-    options.extra_args.push_back("--metrics_address=127.0.0.1");
-    StartServer(options);
-  }
-
-  void SetUp() override {
-    ServerSuite::SetUp();
-    stub_ = v1::SamplerService::NewStub(
-        grpc::CreateChannel(server().target(), grpc::InsecureChannelCredentials()));
-  }
-
-  static double BytesInFlight() {
-    return SeriesValue(ScrapeMetrics(port_), "samplerd_inflight_bytes");
-  }
-
-  // Waits until the server reports `bytes` in flight; false after 30 s.
-  static bool WaitForBytesInFlight(double bytes) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline) {
-      if (BytesInFlight() == bytes) return true;
-      absl::SleepFor(absl::Milliseconds(10));  // each scrape is a new connection
-    }
-    return false;
-  }
-
-  // Sends the chunks of a step started with FirstMessage(vocab) and reads its answer.
-  static v1::SampleStreamResponse FinishStep(RawStream* stream, int64_t vocab) {
-    SendChunks(stream, vocab);
-    v1::SampleStreamResponse response;
-    EXPECT_TRUE(stream->Read(&response));
-    return response;
-  }
-
-  // A whole chunked step of Zeros(vocab) on `stream`, and its answer.
-  static v1::SampleStreamResponse ChunkedStep(RawStream* stream, int64_t vocab) {
-    EXPECT_TRUE(stream->Write(FirstMessage(vocab)));
-    return FinishStep(stream, vocab);
+    metrics_port_ = StartServerWithMetrics({"--max_inflight_bytes=" + std::to_string(kBudget)});
   }
 
   // Sends Zeros(vocab) as one Sample call.
   grpc::Status Sample(int64_t vocab, v1::SampleResponse* response) {
     return client_->Sample(Zeros(vocab), response);
   }
-
-  inline static int port_ = 0;
-  std::unique_ptr<v1::SamplerService::Stub> stub_;
 };
 
 TEST_F(InflightBytes, AChunkedStepReservesItsBytesAtItsFirstMessageAndUnaryRequestsMustFit) {

@@ -50,11 +50,12 @@ class ServerSuite : public ::testing::Test {
     server_ = ServerProcess::Start(options, &start_error_);
   }
 
-  // Starts the suite's CPU server with its metrics endpoint on a free loopback port; returns
-  // the port.
-  static int StartServerWithMetrics() {
+  // Starts the suite's CPU server, with `flags` too, and its metrics endpoint on a free loopback
+  // port; returns the port.
+  static int StartServerWithMetrics(const std::vector<std::string>& flags = {}) {
     const int port = PickFreeTcpPort();
     ServerProcess::Options options = CpuServerOptions();
+    options.extra_args.insert(options.extra_args.end(), flags.begin(), flags.end());
     options.extra_args.push_back("--metrics_port=" + std::to_string(port));
     options.extra_args.push_back("--metrics_address=127.0.0.1");
     StartServer(options);

@@ -217,6 +217,10 @@ TEST_F(SampleOverUds, GetServerInfoDescribesTheCpuBackend) {
   EXPECT_GE(info.limits().max_vocab(), 151936);
   EXPECT_EQ(info.limits().max_message_bytes(), 256 << 20);  // the server's default
   EXPECT_GT(info.limits().max_top_logprobs(), 0);
+  // The defaults of --max_inflight, --max_inflight_bytes (no limit) and --chunk_timeout_ms.
+  EXPECT_EQ(info.limits().max_inflight(), 256);
+  EXPECT_EQ(info.limits().max_inflight_bytes(), 0);
+  EXPECT_EQ(info.limits().chunk_timeout_ms(), 10000);
 }
 
 // The same server behind TCP on a port picked here (bound to 0, released, passed on).
