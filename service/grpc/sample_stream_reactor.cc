@@ -86,6 +86,22 @@ void SampleStreamReactor::HandleMessageLocked() {
     }
     skipping_ = false;
   }
+  if (assembling_ != nullptr && read_.has_request()) {
+    // A new step before the last chunk of the one in progress: that step fails and is answered
+    // now, and this message starts the next step, answered on its own (every `request` gets one
+    // answer). The failed step's chunks, if the client still sends them, are dropped up to its
+    // last one, unless this message starts a chunked step (they could not be told apart).
+    Step* failed = assembling_;
+    ++failed->messages;
+    failed->error = absl::InvalidArgumentError(
+        "expected a chunk continuing the step in progress, got a new `request`, which starts "
+        "the next step");
+    failed->message.Clear();
+    failed->reserved.Reset();  // its bytes are free for others at once
+    EndAssemblyLocked();
+    SubmitLocked(failed);
+    skipping_ = !read_.more_chunks();
+  }
   if (assembling_ == nullptr) {
     auto step = std::make_unique<Step>();
     Step* raw = step.get();
@@ -120,12 +136,7 @@ void SampleStreamReactor::HandleMessageLocked() {
 
   Step* step = assembling_;
   ++step->messages;
-  if (read_.has_request()) {
-    step->error = absl::InvalidArgumentError(
-        "expected a chunk continuing the step in progress, got a new `request`");
-    step->message.Clear();
-    step->reserved.Reset();  // the step fails: its bytes are free for others at once
-  } else if (step->error.ok()) {
+  if (step->error.ok()) {
     std::string* data = step->message.mutable_request()->mutable_logits()->mutable_inline_data();
     if (static_cast<int64_t>(data->size() + read_.chunk().size()) > step->expected_bytes) {
       step->error = absl::InvalidArgumentError(

@@ -126,15 +126,29 @@ struct Expected {
 Expected Model(const std::vector<std::string>& messages) {
   Expected expected;
   bool assembling = false;
+  bool skipping = false;  // the rest of a step cut short by the next `request`
   for (const std::string& m : messages) {
     v1::SampleStreamRequest message;
     if (!message.ParseFromString(m)) {
       expected.parse_error = true;
       break;
     }
+    if (skipping) {
+      if (!message.has_request()) {
+        skipping = message.more_chunks();
+        continue;
+      }
+      skipping = false;
+    }
     if (assembling) {
-      assembling = message.more_chunks();
-      continue;
+      if (!message.has_request()) {
+        assembling = message.more_chunks();
+        continue;
+      }
+      // A `request` where a chunk was expected: the step in progress is answered (it failed),
+      // and this message starts the next step; the cut step's chunks are skipped after it.
+      assembling = false;
+      skipping = !message.more_chunks();
     }
     expected.request_ids.push_back(message.request().request_id());
     expected.starts_without_request.push_back(!message.has_request());

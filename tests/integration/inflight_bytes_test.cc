@@ -8,6 +8,7 @@
 // long as the test wants.
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/integration/chunked_step.h"
@@ -156,30 +157,63 @@ TEST_F(InflightBytes, AHalfCloseInTheMiddleOfAStepGivesBackItsBytes) {
   ASSERT_TRUE(fits.ok()) << fits.error_message();
 }
 
-TEST_F(InflightBytes, ANewRequestInTheMiddleOfAStepGivesBackItsBytesBeforeTheStepEnds) {
+TEST_F(InflightBytes, ANewRequestInTheMiddleOfAStepFailsThatStepAtOnceAndStartsTheNext) {
   grpc::ClientContext context;
   std::unique_ptr<RawStream> stream = stub_->SampleStream(&context);
   ASSERT_TRUE(stream->Write(FirstMessage(kVocab16MB)));
   ASSERT_TRUE(WaitForBytesInFlight(4 * kVocab16MB)) << BytesInFlight();
-  // A `request` where a chunk was expected fails the step; its bytes are free at once, while
-  // the step still waits for its last message to be answered.
+  // A `request` where a chunk was expected: the step in progress fails and is answered at once,
+  // its bytes free, and the message starts the next step (here a chunked one of 8 MB).
   ASSERT_TRUE(stream->Write(FirstMessage(kVocab8MB)));
-  ASSERT_TRUE(WaitForBytesInFlight(0)) << BytesInFlight();
-  v1::SampleResponse response;
-  const grpc::Status fits = Sample(kVocab16MB, &response);
-  ASSERT_TRUE(fits.ok()) << fits.error_message();
-
-  v1::SampleStreamRequest last;
-  last.set_more_chunks(false);
-  ASSERT_TRUE(stream->Write(last));
   v1::SampleStreamResponse failed;
   ASSERT_TRUE(stream->Read(&failed));
   EXPECT_EQ(failed.status().code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(failed.status().message(),
-            "expected a chunk continuing the step in progress, got a new `request`");
+            "expected a chunk continuing the step in progress, got a new `request`, which starts "
+            "the next step");
+  ASSERT_TRUE(WaitForBytesInFlight(4 * kVocab8MB)) << BytesInFlight();  // the next step's only
+  const v1::SampleStreamResponse next = FinishStep(stream.get(), kVocab8MB);
+  EXPECT_EQ(next.status().code(), grpc::StatusCode::OK) << next.status().message();
+  ASSERT_EQ(next.response().token_ids_size(), 1);
+  EXPECT_EQ(next.response().token_ids(0), 0);
   EXPECT_EQ(BytesInFlight(), 0);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(InflightBytes, EveryRequestOfAStreamIsAnsweredOnceEvenOneThatCutsAStepShort) {
+  // The outside tester's sequence: step f chunked, then a whole step g before f's last chunk,
+  // then f's last chunk anyway, then a whole step h. Before, g was never answered and f's
+  // stray chunk got an answer of its own with no request id.
+  grpc::ClientContext context;
+  std::unique_ptr<RawStream> stream = stub_->SampleStream(&context);
+  v1::SampleStreamRequest f = FirstMessage(kVocab8MB);
+  f.mutable_request()->set_request_id("f");
+  v1::SampleStreamRequest g;
+  *g.mutable_request() = Zeros(1000);
+  g.mutable_request()->set_request_id("g");
+  v1::SampleStreamRequest h = g;
+  h.mutable_request()->set_request_id("h");
+  v1::SampleStreamRequest stray;
+  stray.set_chunk(std::string(100, '\0'));
+  ASSERT_TRUE(stream->Write(f));
+  ASSERT_TRUE(stream->Write(g));
+  ASSERT_TRUE(stream->Write(stray));
+  ASSERT_TRUE(stream->Write(h));
+  stream->WritesDone();
+  std::vector<std::pair<std::string, grpc::StatusCode>> answers;
+  v1::SampleStreamResponse response;
+  while (stream->Read(&response)) {
+    answers.emplace_back(response.response().request_id(),
+                         static_cast<grpc::StatusCode>(response.status().code()));
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  const std::vector<std::pair<std::string, grpc::StatusCode>> want = {
+      {"f", grpc::StatusCode::INVALID_ARGUMENT},
+      {"g", grpc::StatusCode::OK},
+      {"h", grpc::StatusCode::OK}};
+  EXPECT_EQ(answers, want);
+  EXPECT_EQ(BytesInFlight(), 0);
 }
 
 TEST(InflightBytesFlag, ANegativeValueFailsStartupWithExitCode2) {
