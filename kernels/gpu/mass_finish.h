@@ -150,11 +150,7 @@ __device__ int64_t DrawWideBoundary(const MassWorkspace& ws, const MassPlan& pla
       const float z = KeyToFloat(keys[u]);
       const int b = BoundarySubBins::Of(z);
       if (b == crossing) {
-        const uint32_t slot = atomicAdd(&s.collected, 1u);
-        if (slot < static_cast<uint32_t>(kSortCap)) {
-          s.sort.key[slot] = keys[u];
-          s.sort.index[slot] = list_index[i];
-        }
+        AppendCollected(s, keys[u], list_index[i]);
         continue;
       }
       if (summed || b < crossing) continue;

@@ -77,11 +77,7 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
     __syncthreads();
     source.ForEach([&](uint32_t key, int64_t j, float) {
       if (key < t) return;
-      const uint32_t slot = atomicAdd(&s.collected, 1u);
-      if (slot < static_cast<uint32_t>(kSortCap)) {
-        s.sort.key[slot] = key;
-        s.sort.index[slot] = static_cast<int32_t>(j);
-      }
+      AppendCollected(s, key, j);
     });
     __syncthreads();
     int collected = static_cast<int>(s.collected);
@@ -92,12 +88,12 @@ __device__ void WriteLogprobs(const RowFinishParams& p, int64_t row, const void*
       __syncthreads();
       source.ForEach([&](uint32_t key, int64_t j, float) {
         if (key <= t) return;
-        const uint32_t slot = atomicAdd(&s.collected, 1u);
-        s.sort.key[slot] = key;
-        s.sort.index[slot] = static_cast<int32_t>(j);
+        AppendCollected(s, key, j);
       });
       __syncthreads();
-      const int strictly_above = static_cast<int>(s.collected);
+      // Fewer than `listed` unless the logits changed since the threshold pass (then the list
+      // is unspecified, but stays in bounds).
+      const int strictly_above = min(CollectedCount(s), listed);
       OrderedFirst(
           p.rows.vocab, listed - strictly_above,
           [&](int64_t j) { return eligible(j) && OrderedKey(row_source.Z(j)) == t; },

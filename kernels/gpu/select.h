@@ -48,6 +48,22 @@ __device__ __forceinline__ void AddBinWeight(SelectStorage& s, int b, uint32_t w
   if (old + w < old) atomicAdd(&s.hist.weight_hi[b], 1u);  // carry
 }
 
+// Appends one item of the boundary bin to s.sort (s.collected counts every call). A slot past
+// kSortCap is dropped: the histogram pass found at most kSortCap items in the bin, so more can
+// only come from logits changed since that pass, within the kernel (an engine writing them
+// during a device-session step); the row's result is then unspecified, but stays in bounds.
+__device__ __forceinline__ void AppendCollected(SelectStorage& s, uint32_t key, int64_t index) {
+  const uint32_t slot = atomicAdd(&s.collected, 1u);
+  if (slot >= static_cast<uint32_t>(kSortCap)) return;
+  s.sort.key[slot] = key;
+  s.sort.index[slot] = static_cast<int32_t>(index);
+}
+
+// The items AppendCollected stored: s.collected, at most kSortCap.
+__device__ __forceinline__ int CollectedCount(const SelectStorage& s) {
+  return s.collected < static_cast<uint32_t>(kSortCap) ? static_cast<int>(s.collected) : kSortCap;
+}
+
 // Weight of a sorted item: its fixed-point mass, or 1 when counting.
 __device__ __forceinline__ uint64_t ItemWeight(uint32_t key, bool by_mass, float row_max) {
   return by_mass ? FixedMass(KeyToFloat(key), row_max) : 1;
@@ -193,7 +209,7 @@ template <int kThreads>
 __device__ uint32_t ResolveCollected(SelectStorage& s, uint64_t bin_above, double target,
                                      bool by_mass, float row_max,
                                      typename BlockReduce<kThreads>::Storage& reduce) {
-  const int n = static_cast<int>(s.collected);
+  const int n = CollectedCount(s);
   SortDescending<kThreads>(s, n);
   const uint32_t cut = CutSorted<kThreads>(s, n, bin_above, target, by_mass, row_max, reduce);
   const uint32_t result = s.sort.key[cut == 0 ? 0 : cut - 1];
@@ -310,14 +326,12 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
           if (Better(scored, best)) best = scored;
         }
         if (b != bin) return;
-        const uint32_t slot = atomicAdd(&s.collected, 1u);
-        s.sort.key[slot] = key;
-        s.sort.index[slot] = static_cast<int32_t>(index);
+        AppendCollected(s, key, index);
       });
       __syncthreads();
       if (!drawing)
         return ResolveCollected<kThreads>(s, bin_above, target, by_mass, row_max, reduce);
-      const int n = static_cast<int>(s.collected);
+      const int n = CollectedCount(s);
       SortDescending<kThreads>(s, n);
       const uint32_t cut = CutSorted<kThreads>(s, n, bin_above, target, by_mass, row_max, reduce);
       uint64_t kept_mass = 0;
@@ -375,9 +389,7 @@ __device__ uint32_t SelectThreshold(const Source& source, uint32_t lo_key, bool 
       __syncthreads();
       source.ForEach([&](uint32_t key, int64_t index, float z) {
         if (key < lo_key || (key >> shift) != bin_prefix) return;
-        const uint32_t slot = atomicAdd(&s.collected, 1u);
-        s.sort.key[slot] = key;
-        s.sort.index[slot] = static_cast<int32_t>(index);
+        AppendCollected(s, key, index);
       });
       __syncthreads();
       return ResolveCollected<kThreads>(s, bin_above, target, by_mass, row_max, reduce);
