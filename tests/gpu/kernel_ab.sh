@@ -15,8 +15,9 @@
 #   procs    bench_processors.py ARGS for old, new, new (procs_{old,new,new2}.json and .txt)
 #   ncu      profile_cases.py CASE ... under Nsight Compute on the new build (SpeedOfLight,
 #            LaunchStats, InstructionStats): ncu.txt, the duration, instructions and registers
-#            of each profiled kernel; with --ncu-source, source.csv.xz, the executed instructions
-#            of every SASS line of the kernels matching REGEX (for a per-line diff)
+#            of each profiled kernel; with --ncu-source, also SourceCounters and WarpStateStats,
+#            and source.csv.xz: the executed instructions and stall samples of every SASS line of
+#            the kernels matching REGEX (for a per-line diff)
 # Each step has its own time limit, and the report is exported in small pieces, so that what
 # ran comes back even when a later step runs out of time. Packs every result into
 # 00_kernel_ab.tar.xz (the device tool returns 8 files at most) and prints a summary last.
@@ -130,9 +131,11 @@ if [[ -n "$NCU_CASES" ]]; then
     note "ncu: not found"
   else
     read -r -a cases <<<"$NCU_CASES"
+    sections=(--section SpeedOfLight --section LaunchStats --section InstructionStats)
+    # The per-line counts and stall samples of the source page come from SourceCounters.
+    [[ -n "$NCU_SOURCE" ]] && sections+=(--section SourceCounters --section WarpStateStats)
     timeout 200 "$NCU" -f --profile-from-start off --clock-control none -k "regex:$NCU_KERNELS" \
-      --section SpeedOfLight --section LaunchStats --section InstructionStats \
-      -o "$WORK/prof" python3 "$HERE/profile_cases.py" --lib "$WORK/new/libsamplerd_capi.so" \
+      "${sections[@]}" -o "$WORK/prof" python3 "$HERE/profile_cases.py" --lib "$WORK/new/libsamplerd_capi.so" \
       "${cases[@]}" >"$RESULTS/ncu_log.txt" 2>&1
     note "ncu: rc=$?"
     timeout 60 "$NCU" -i "$WORK/prof.ncu-rep" --page details --csv 2>/dev/null |
