@@ -26,7 +26,8 @@ ABSL_FLAG(std::string, backend, "auto",
 ABSL_FLAG(int64_t, max_message_bytes, 256 << 20,
           "Largest gRPC message received or sent, in bytes (at most 2147483647). A larger "
           "message is refused with RESOURCE_EXHAUSTED; a SampleStream step may be sent in "
-          "chunks instead.");
+          "chunks instead. Also bounds a logit-bias list or token history read from a region "
+          "(its packed bytes).");
 ABSL_FLAG(std::string, gpu, "",
           "The GPU to sample on, by PCI bus id (e.g. 0000:3b:00.0, as nvidia-smi or rocm-smi "
           "print it) or UUID; empty = the first GPU the runtime lists (in a container given "
@@ -140,6 +141,7 @@ absl::Status LimitsFromFlags(int* max_message_bytes, core::Limits* limits) {
         absl::StrCat("expected --max_message_bytes in [1024, 2147483647], got ", max_message));
   }
   *max_message_bytes = static_cast<int>(max_message);
+  limits->max_region_list_bytes = max_message;
   limits->max_batch = absl::GetFlag(FLAGS_max_batch);
   limits->max_vocab = absl::GetFlag(FLAGS_max_vocab);
   limits->max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);

@@ -323,8 +323,9 @@ void SamplerCore::Run(SampleRequest& request, ValidatedBatch& batch, BoundIo& bo
 
 absl::Status SamplerCore::ResolveProcessorLists(SampleRequest& request, ValidatedBatch& batch,
                                                 BoundIo& bound) {
-  RETURN_IF_ERROR(ReadProcessorLists(batch.batch, batch.vocab, *sampler_, *regions_, gpu_ipc_.get(),
-                                     devices_, &request, &bound));
+  RETURN_IF_ERROR(ReadProcessorLists(batch.batch, batch.vocab,
+                                     options_.limits.max_region_list_bytes, *sampler_, *regions_,
+                                     gpu_ipc_.get(), devices_, &request, &bound));
   return ValidateProcessors(request, &batch);
 }
 

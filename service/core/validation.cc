@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/status/status.h"
@@ -18,9 +20,16 @@ absl::Status Invalid(absl::string_view what, absl::string_view got) {
   return absl::InvalidArgumentError(absl::StrCat("expected ", what, ", got ", got));
 }
 
+// The shortest text (6 to 9 significant digits) that reads back as `v`: a value just past a
+// bound must not print as the bound ("expected top_p in (0, 1], got 1" for 1.0000001).
 std::string FloatText(float v) {
   if (std::isnan(v)) return "NaN";
-  return absl::StrCat(v);
+  char text[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(text, nullptr) == v) break;
+  }
+  return text;
 }
 
 // Checks one parameter set; `where` names it in messages ("params[3]").

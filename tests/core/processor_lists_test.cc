@@ -346,6 +346,64 @@ TEST_F(ListsInShm, EveryMalformedSliceHasItsExactStatusAndTheCoreKeepsServing) {
   EXPECT_TRUE(core_->regions().Unregister("lists").ok());
 }
 
+// The packed bytes of a list are bounded by Limits::max_region_list_bytes (--max_message_bytes),
+// checked on the announced N before the list is copied: without it a sparse region announcing
+// N = 4e9 entries made the core allocate 36 GB (std::bad_alloc aborted the server).
+TEST(ListsInShmLimit, AListPastMaxRegionListBytesIsResourceExhaustedBeforeItIsCopied) {
+  EXPECT_EQ(Limits{}.max_region_list_bytes, int64_t{256} << 20);
+  TestShm shm(65536);
+  ASSERT_TRUE(shm.ok());
+  CoreOptions options;
+  options.limits.max_region_list_bytes = 44;
+  SamplerCore core(options, std::make_unique<CpuSampler>(1), /*seed_start=*/1);
+  ASSERT_TRUE(core.regions().RegisterHostShm("lists", shm.key(), 0, shm.size()).ok());
+  auto request = [&shm](uint64_t offset, const std::vector<uint8_t>& packed, bool history) {
+    std::memcpy(shm.data() + offset, packed.data(), packed.size());
+    SampleRequest r;
+    r.dtype = kernels::DType::kFp32;
+    r.shape = {2, 50};
+    r.inline_data = RandomLogitBytes(2, 50, 5);
+    r.has_inline_data = true;
+    r.params = {ParamsSpec{}};
+    r.params[0].temperature = 0.0f;
+    r.params[0].repetition_penalty = 1.5f;
+    if (history) {
+      r.token_history.emplace().region = RegionRef{"lists", offset};
+    } else {
+      r.logit_bias.emplace().region = RegionRef{"lists", offset};
+    }
+    return r;
+  };
+  // (B + 1 + 2N) * 4 = 44 bytes for N = 4: at the limit.
+  EXPECT_TRUE(
+      SampleAndWait(core, request(0, Pack(Bias({0, 2, 4}, {1, 2, 3, 4}, {1, 1, 1, 1})), false))
+          .ok());
+  const absl::Status bias_over =
+      SampleAndWait(core,
+                    request(0, Pack(Bias({0, 2, 5}, {1, 2, 3, 4, 5}, {1, 1, 1, 1, 1})), false))
+          .status();
+  EXPECT_EQ(bias_over.code(), absl::StatusCode::kResourceExhausted) << bias_over;
+  EXPECT_EQ(bias_over.message(),
+            "logit_bias.region: expected a list of at most 44 bytes (--max_message_bytes, as an "
+            "inline list), got 52 bytes (B = 2, N = row_offsets[B] = 5: (B + 1 + 2N) * 4 bytes)");
+  // (B + 1) * 4 + 9N = 39 bytes for N = 3; 48 for N = 4.
+  EXPECT_TRUE(
+      SampleAndWait(core,
+                    request(256, Pack(History({0, 1, 3}, {1, 2, 3}, {1, 0, 2}, {0, 1, 1})), true))
+          .ok());
+  const absl::Status history_over =
+      SampleAndWait(
+          core,
+          request(256, Pack(History({0, 2, 4}, {1, 2, 3, 4}, {1, 0, 2, 1}, {0, 1, 1, 0})), true))
+          .status();
+  EXPECT_EQ(history_over.code(), absl::StatusCode::kResourceExhausted) << history_over;
+  EXPECT_EQ(history_over.message(),
+            "token_history.region: expected a list of at most 44 bytes (--max_message_bytes, as "
+            "an inline list), got 48 bytes (B = 2, N = row_offsets[B] = 4: (B + 1 + 2N) * 4 + N "
+            "bytes)");
+  EXPECT_TRUE(core.regions().Unregister("lists").ok());
+}
+
 // ---- GPU IPC slices on a fake GPU backend -------------------------------------------------------
 
 const DeviceInfo kFakeGpu{0, "0000:3b:00.0", "GPU-0b5c6a1e", "Fake GPU", true, true};

@@ -271,6 +271,39 @@ TEST_F(ValidationTest, RefusesOutOfRangeParameters) {
   }
 }
 
+// A value just past a bound is printed with the digits that tell it from the bound (it printed
+// with 6 digits: "expected params[0].top_p in (0, 1], got 1").
+TEST_F(ValidationTest, AValueJustPastABoundIsNotPrintedAsTheBound) {
+  const float above_one = std::nextafter(1.0f, 2.0f);
+  const float above_two = std::nextafter(2.0f, 3.0f);
+  const struct {
+    void (*set)(ParamsSpec*, float);
+    float value;
+    const char* message;
+  } cases[] = {
+      {[](ParamsSpec* p, float v) { p->top_p = v; }, above_one,
+       "expected params[0].top_p in (0, 1], got 1.0000001"},
+      {[](ParamsSpec* p, float v) { p->min_p = v; }, above_one,
+       "expected params[0].min_p in [0, 1], got 1.0000001"},
+      {[](ParamsSpec* p, float v) { p->presence_penalty = v; }, above_two,
+       "expected params[0].presence_penalty in [-2, 2], got 2.0000002"},
+      {[](ParamsSpec* p, float v) { p->frequency_penalty = v; }, -above_two,
+       "expected params[0].frequency_penalty in [-2, 2], got -2.0000002"},
+      {[](ParamsSpec* p, float v) { p->top_p = v; }, 1.5f,
+       "expected params[0].top_p in (0, 1], got 1.5"},  // short values stay short
+      {[](ParamsSpec* p, float v) { p->temperature = v; }, -0.1f,
+       "expected params[0].temperature finite and >= 0, got -0.1"},
+  };
+  for (const auto& c : cases) {
+    SampleRequest r = MakeRequest(1, 4, &bytes_);
+    r.params.resize(1);
+    c.set(&r.params[0], c.value);
+    const absl::Status status = Validate(r).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(status.message()), std::string(c.message));
+  }
+}
+
 TEST_F(ValidationTest, AcceptsBoundaryParameters) {
   SampleRequest r = MakeRequest(1, 4, &bytes_);
   ParamsSpec p;

@@ -5,11 +5,17 @@
 // The CPU backend on one thread makes a 64 x 32,000 request take ~0.2 s (tests/bench/RESULTS.md:
 // ~3.4 ms per 32k row), the window in which the other requests arrive. The tests wait for the
 // server to report it in flight (samplerd_inflight_requests) before sending them.
+#include <unistd.h>
+
+#include <cstring>
 #include <future>
+#include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
+#include "samplerd/host_shm_buffer.h"
 #include "tests/integration/integration_fixture.h"
 #include "tests/integration/metrics_scrape.h"
 
@@ -132,6 +138,67 @@ TEST_F(Deadlines, ARequestWhoseDeadlinePassesInTheQueueIsNotSampled) {
   // And it keeps serving.
   ASSERT_TRUE(client_->Sample(c.logits.Request({Greedy()}), &response).ok());
   EXPECT_EQ(Tokens(response), c.expected);
+}
+
+// A logit-bias list or token history in a region is copied into the server's memory, so
+// --max_message_bytes bounds it as it bounds an inline list: one whose announced entries pass
+// the limit is RESOURCE_EXHAUSTED before anything is allocated (a sparse shm object announcing
+// 4e9 entries made one request allocate 36 GB, and std::bad_alloc aborted the server).
+class RegionListBytes : public Limits {
+ protected:
+  static void SetUpTestSuite() { StartWith("--max_message_bytes=65536"); }
+};
+
+TEST_F(RegionListBytes, AListPastMaxMessageBytesIsResourceExhaustedAndTheServerKeepsServing) {
+  constexpr int64_t kVocab = 10000;           // [1, 10000] fp32 inline: 40,000 bytes
+  constexpr uint64_t kRegionBytes = 1 << 20;  // holds any list below
+  std::string error;
+  std::unique_ptr<HostShmBuffer> shm = HostShmBuffer::Create(
+      "/samplerd-it-" + std::to_string(getpid()) + "-lists", kRegionBytes, &error);
+  ASSERT_NE(shm, nullptr) << error;
+  ASSERT_TRUE(client_->RegisterHostShm("lists", shm->key(), 0, kRegionBytes).ok());
+  // row_offsets = {0, n} at the start of the region; the entries are zeros (not read).
+  auto announce = [&shm](uint32_t n) {
+    const uint32_t offsets[2] = {0, n};
+    std::memcpy(shm->data(), offsets, sizeof(offsets));
+  };
+  const Logits logits = RandomLogits(1, kVocab, /*seed=*/71);
+  v1::SampleRequest request = logits.Request({Greedy()});
+  request.mutable_logit_bias()->mutable_region()->set_region("lists");
+  v1::SampleResponse response;
+
+  announce(8192);  // (1 + 1 + 2 * 8192) * 4 = 65,544 bytes > 65,536
+  const grpc::Status over = client_->Sample(request, &response);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
+  EXPECT_EQ(over.error_message(),
+            "logit_bias.region: expected a list of at most 65536 bytes (--max_message_bytes, as "
+            "an inline list), got 65544 bytes (B = 1, N = row_offsets[B] = 8192: (B + 1 + 2N) * 4 "
+            "bytes)");
+  v1::SampleRequest history = logits.Request({Greedy()});
+  history.mutable_token_history()->mutable_region()->set_region("lists");
+  announce(7282);  // (1 + 1) * 4 + 9 * 7282 = 65,546 bytes
+  const grpc::Status history_over = client_->Sample(history, &response);
+  EXPECT_EQ(history_over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << history_over.error_message();
+  EXPECT_TRUE(MentionsAny(history_over.error_message(),
+                          {"token_history.region: expected a list of at most 65536 bytes"}))
+      << history_over.error_message();
+
+  // At the limit the list is read and checked as before (token 0 repeated: INVALID_ARGUMENT).
+  announce(8191);  // 65,536 bytes
+  const grpc::Status at_limit = client_->Sample(request, &response);
+  EXPECT_EQ(at_limit.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << at_limit.error_message();
+  // A real list of one entry works, and the server kept serving.
+  const uint32_t offsets[2] = {0, 1};
+  const int32_t token = 17;
+  const float bias = std::numeric_limits<float>::infinity();
+  std::memcpy(shm->data(), offsets, sizeof(offsets));
+  std::memcpy(static_cast<char*>(shm->data()) + 8, &token, 4);
+  std::memcpy(static_cast<char*>(shm->data()) + 12, &bias, 4);
+  const grpc::Status ok = client_->Sample(request, &response);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(Tokens(response), (std::vector<int32_t>{17}));
+  EXPECT_TRUE(client_->Unregister("lists").ok());
 }
 
 TEST(LimitFlags, NegativeMaxInflightFailsStartupWithExitCode2) {

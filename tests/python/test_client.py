@@ -174,6 +174,16 @@ class ClientTest(unittest.TestCase):
             np.testing.assert_allclose(lp.top_logprobs, np.sort(ref[i])[::-1][:5], atol=1e-4)
         self.assertIsNone(self.client.sample(logits, temperature=0).logprobs)
 
+    def test_top_logprobs_past_the_vocabulary_are_padded_with_minus_one(self):
+        # sampler.proto, RowLogprobs.top_token_ids: always top_n entries; id -1 and -inf past V
+        # and in an invalid row (a caller must not index its vocabulary with them).
+        logits = np.array([[0.5, 1, 3, 2], [np.nan, 1, 2, 3]], np.float32)
+        result = self.client.sample(logits, temperature=0, logprobs=6)
+        np.testing.assert_array_equal(result.logprobs[0].top_token_ids, [2, 3, 1, 0, -1, -1])
+        self.assertTrue(np.isneginf(result.logprobs[0].top_logprobs[4:]).all())
+        np.testing.assert_array_equal(result.logprobs[1].top_token_ids, [-1] * 6)
+        self.assertTrue(np.isneginf(result.logprobs[1].top_logprobs).all())
+
     def test_invalid_request_raises(self):
         logits = random_logits(2, 10, seed=6)
         with self.assertRaises(samplerd.SamplerError) as ctx:

@@ -140,6 +140,21 @@ class LogitBiasEncodingTest(unittest.TestCase):
         bias = request(logit_bias={np.int32(3): 1.0, np.uint64(4): 2.0, 5.0: 3.0}).logit_bias
         self.assertEqual(list(bias.token_ids), [3, 4, 5] * 2)
 
+    def test_biases_that_are_not_numbers_raise_naming_logit_bias(self):
+        # Regression test: the biases went through float(), so {1: "500"} sent a bias of 500 and
+        # {1: True} one of 1 (the options refuse strings and bools as numbers: _options._real).
+        for bias, message in (
+            ({1: "500"}, "logit_bias: expected a number as the bias of token 1, got str '500'"),
+            ([{1: 1.0}, {2: True}], "expected a number as the bias of token 2, got bool True"),
+            ({3: None}, "expected a number as the bias of token 3, got NoneType None"),
+        ):
+            with self.subTest(bias=bias):
+                with self.assertRaises(TypeError) as caught:
+                    request(batch=2, logit_bias=bias)
+                self.assertIn(message, str(caught.exception))
+        bias = request(logit_bias={1: np.float32(0.5), 2: 3}).logit_bias
+        self.assertEqual(list(bias.biases), [0.5, 3.0, 0.5, 3.0])
+
 
 class PenaltyEncodingTest(unittest.TestCase):
     def test_history_entries_are_distinct_tokens_with_output_counts_and_prompt_flags(self):

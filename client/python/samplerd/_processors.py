@@ -158,7 +158,14 @@ def logit_bias_message(bias: LogitBias, batch: int) -> Any:
             )
         row = row or {}
         tokens.extend(token_id_array("logit_bias", list(row)).tolist())
-        values.extend(float(value) for value in row.values())
+        for token, value in row.items():
+            # As for the options (_options._real): float("500") or float(True) would pass.
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+                raise TypeError(
+                    f"logit_bias: expected a number as the bias of token {token!r}, got "
+                    f"{type(value).__name__} {value!r}"
+                )
+            values.append(float(value))
         offsets.append(len(tokens))
     message.row_offsets.extend(offsets)
     message.token_ids.extend(tokens)

@@ -17,8 +17,8 @@ class RowLogprobs:
 
     sampled_logprob: float
     sampled_rank: int
-    top_token_ids: np.ndarray  # int32 [top_n]
-    top_logprobs: np.ndarray  # float32 [top_n]
+    top_token_ids: np.ndarray  # int32 [top_n]; -1 past V (top_n > V) and in an invalid row
+    top_logprobs: np.ndarray  # float32 [top_n]; -inf where the id is -1
 
 
 @dataclass

@@ -26,6 +26,13 @@ struct Limits {
   // chunked stream steps being assembled (SamplerCore::ReserveInflightBytes); one that would
   // pass it is refused at once with RESOURCE_EXHAUSTED. 0: no limit.
   int64_t max_inflight_bytes = 0;
+  // The packed bytes of one logit-bias list or token history read from a region
+  // (LogitBias.region, TokenHistory.region): the server copies such a list into its memory, as
+  // it receives a message, so the list is bounded like an inline one (main.cc sets it to
+  // --max_message_bytes). A list past it is refused with RESOURCE_EXHAUSTED before anything is
+  // allocated. Without it a sparse shm object announcing N = 4e9 entries made one request
+  // allocate 36 GB (std::bad_alloc aborted the server).
+  int64_t max_region_list_bytes = int64_t{256} << 20;
 };
 
 }  // namespace samplerd::core

@@ -121,6 +121,7 @@ absl::Status BindBitmask(const SampleRequest& request, const ValidatedBatch& bat
 struct ListSource {
   int64_t batch = 0;
   int64_t vocab = 0;
+  int64_t max_list_bytes = 0;  // Limits::max_region_list_bytes
   const Sampler* sampler = nullptr;
   const RegionRegistry* regions = nullptr;
   GpuIpc* ipc = nullptr;
@@ -170,6 +171,12 @@ absl::Status ReadPacked(const RegionRef& ref, uint64_t entry_bytes, absl::string
                      " (no row holds a token twice), got ", n));
   }
   const uint64_t total = head + n * entry_bytes;
+  if (total > static_cast<uint64_t>(src.max_list_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": expected a list of at most ", src.max_list_bytes,
+        " bytes (--max_message_bytes, as an inline list), got ", total, " bytes (B = ", src.batch,
+        ", N = row_offsets[B] = ", n, ": ", layout, " bytes)"));
+  }
   absl::StatusOr<RegionLease> full =
       LeaseAligned(*src.regions, ref, total, *src.sampler, *src.devices, field, "uint32 offsets");
   if (!full.ok()) {
@@ -273,11 +280,12 @@ absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const Validat
   return bound;
 }
 
-absl::Status ReadProcessorLists(int64_t batch, int64_t vocab, const Sampler& sampler,
-                                const RegionRegistry& regions, GpuIpc* ipc,
+absl::Status ReadProcessorLists(int64_t batch, int64_t vocab, int64_t max_list_bytes,
+                                const Sampler& sampler, const RegionRegistry& regions, GpuIpc* ipc,
                                 const std::vector<DeviceInfo>& devices, SampleRequest* request,
                                 BoundIo* bound) {
-  const ListSource src{batch, vocab, &sampler, &regions, ipc, &devices, bound->io.ready_event};
+  const ListSource src{batch,    vocab, max_list_bytes, &sampler,
+                       &regions, ipc,   &devices,       bound->io.ready_event};
   if (request->logit_bias.has_value() && request->logit_bias->region.has_value() &&
       !request->logit_bias->region_read) {
     RETURN_IF_ERROR(ReadBias(src, &*request->logit_bias, bound));

@@ -52,11 +52,12 @@ absl::StatusOr<BoundIo> BindSampleIo(const SampleRequest& request, const Validat
 //
 // Errors, prefixed with "<list>.region": Acquire's (NOT_FOUND; OUT_OF_RANGE when the region
 // does not hold the offsets or the N entries they announce); INVALID_ARGUMENT for a slice not
-// aligned to 4 bytes or N > B * V (no row can hold a token twice); FAILED_PRECONDITION for a
-// GPU region off the sampler's device or a CPU server, a shm object truncated under us, or a
-// failed device copy.
-absl::Status ReadProcessorLists(int64_t batch, int64_t vocab, const Sampler& sampler,
-                                const RegionRegistry& regions, GpuIpc* ipc,
+// aligned to 4 bytes or N > B * V (no row can hold a token twice); RESOURCE_EXHAUSTED for a
+// slice of more than `max_list_bytes` (Limits::max_region_list_bytes), checked before anything
+// is allocated; FAILED_PRECONDITION for a GPU region off the sampler's device or a CPU server, a
+// shm object truncated under us, or a failed device copy.
+absl::Status ReadProcessorLists(int64_t batch, int64_t vocab, int64_t max_list_bytes,
+                                const Sampler& sampler, const RegionRegistry& regions, GpuIpc* ipc,
                                 const std::vector<DeviceInfo>& devices, SampleRequest* request,
                                 BoundIo* bound);
 
