@@ -133,7 +133,10 @@ if [[ -n "$NCU_CASES" ]]; then
     read -r -a cases <<<"$NCU_CASES"
     sections=(--section SpeedOfLight --section LaunchStats --section InstructionStats)
     # The per-line counts and stall samples of the source page come from SourceCounters.
-    [[ -n "$NCU_SOURCE" ]] && sections+=(--section SourceCounters --section WarpStateStats)
+    # The shortest sampling interval (2^5 cycles): at the default, a 28 us launch at B = 1 gave
+    # 152 samples in all, too few to split its one-block finish (session 25).
+    [[ -n "$NCU_SOURCE" ]] &&
+      sections+=(--section SourceCounters --section WarpStateStats --warp-sampling-interval 0)
     timeout 200 "$NCU" -f --profile-from-start off --clock-control none -k "regex:$NCU_KERNELS" \
       "${sections[@]}" -o "$WORK/prof" python3 "$HERE/profile_cases.py" --lib "$WORK/new/libsamplerd_capi.so" \
       "${cases[@]}" >"$RESULTS/ncu_log.txt" 2>&1
