@@ -76,6 +76,17 @@ if [[ -n "$OLD" ]]; then
     *) cp "$OLD" "$WORK/old/libsamplerd_capi.so" ;;
   esac || { echo "kernel_ab.sh: cannot read --old $OLD" >&2; exit 2; }
 fi
+# An A/B is only as good as its base: name the old library's commit in the results. Session 25
+# found that a hand-named "v30" base was a slow build of another tree (kernels/gpu/NOTES.md).
+if [[ -n "$OLD" ]]; then
+  old_name="$(basename "$OLD")"
+  if [[ "$old_name" =~ ^libsamplerd_capi_[0-9a-f]{7,40}_ ]]; then
+    note "old: $old_name"
+  else
+    note "old: $old_name (WARNING: not a clean commit's build as prepare_carry.sh names them," \
+      "libsamplerd_capi_<commit>_<date>.so.xz: its kernels cannot be traced)"
+  fi
+fi
 export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 if [[ -n "$SUITES" ]]; then
