@@ -13,6 +13,7 @@
 #include "service/core/model/limits.h"
 #include "service/core/model/status_macros.h"
 #include "service/core/regions/host_shm.h"
+#include "service/core/regions/region_registry.h"
 
 ABSL_FLAG(std::string, listen, "unix:///run/samplerd/samplerd.sock",
           "Comma-separated gRPC listen addresses: unix:///abs/path.sock, unix:path.sock "
@@ -82,6 +83,12 @@ ABSL_FLAG(int64_t, max_regions, 4096,
           "Most regions registered at once (RegisterRegion); one more is RESOURCE_EXHAUSTED until "
           "one is unregistered. Each host shm region is a mapping of its own and the kernel "
           "limits a process's mappings (vm.max_map_count). 0 = no limit.");
+ABSL_FLAG(int64_t, max_region_bytes, samplerd::core::RegionOptions{}.max_region_bytes,
+          "Most bytes of registered regions in total (RegisterRegion's byte_size, host shm and "
+          "GPU IPC); a registration past it is RESOURCE_EXHAUSTED until regions are "
+          "unregistered (one still used by a request or device session counts until that "
+          "ends). Each region is mapped into the server's address space whole, even over a "
+          "sparse object. Default 4 TiB; 0 = no limit.");
 ABSL_FLAG(bool, allow_remote_regions, false,
           "Serve RegisterRegion, UnregisterRegion, ListRegions and requests that name a region "
           "to TCP clients too. By default only clients on a unix socket may use regions.");
@@ -303,6 +310,12 @@ absl::StatusOr<ProcessOptions> OptionsFromFlags() {
   if (options.core.regions.max_regions < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expected --max_regions >= 0 (0 = no limit), got ", options.core.regions.max_regions));
+  }
+  options.core.regions.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
+  if (options.core.regions.max_region_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --max_region_bytes >= 0 (0 = no limit), got ",
+                     options.core.regions.max_region_bytes));
   }
 
   RETURN_IF_ERROR(SessionsFromFlags(&options.core.sessions));

@@ -398,6 +398,7 @@ ServerInfo SamplerCore::Info() const {
     for (DeviceInfo& d : info.devices) d.ipc_memory = d.ipc_events = false;
   }
   info.limits = options_.limits;
+  info.max_region_bytes = options_.regions.max_region_bytes;
   info.device_sessions = sessions_->Support();
   info.device_sessions.mps = UnderMps();
   return info;

@@ -34,6 +34,7 @@ struct ServerInfo {
   BackendKind backend = BackendKind::kCpu;
   std::vector<DeviceInfo> devices;
   Limits limits;
+  int64_t max_region_bytes = 0;  // RegionOptions::max_region_bytes (0: no limit)
   SessionSupport device_sessions;
 };
 

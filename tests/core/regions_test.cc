@@ -167,6 +167,71 @@ TEST_F(HostRegions, RegistrationsPastMaxRegionsAreResourceExhausted) {
   EXPECT_TRUE(capped.RegisterHostShm("c", shm_.key(), 0, 4096).ok());
 }
 
+// Regression (redteam25 F6): ~100 regions over one sparse 4 TiB object filled the server's
+// 128 TiB address space, and its next allocation aborted it. The regions' bytes are bounded.
+TEST_F(HostRegions, RegistrationsPastMaxRegionBytesAreResourceExhaustedUntilUnregistered) {
+  ASSERT_TRUE(shm_.ok());
+  RegionOptions options;
+  options.max_region_bytes = 8192;
+  RegionRegistry capped(options, nullptr, {});
+  ASSERT_TRUE(capped.RegisterHostShm("a", shm_.key(), 0, 4096).ok());
+  ASSERT_TRUE(capped.RegisterHostShm("b", shm_.key(), 4000, 4096).ok());
+  absl::StatusOr<RegionInfo> c = capped.RegisterHostShm("c", shm_.key(), 100, 1);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c.status().message(),
+            "expected the registered regions to total at most 8192 bytes (--max_region_bytes), "
+            "got 8193 bytes with this region of 1: unregister regions that are no longer used "
+            "(one unregistered while a request or device session uses it counts until that "
+            "ends)");
+  EXPECT_THAT(Names(capped.List()), ElementsAre("a", "b"));
+  // A range past the object is still OUT_OF_RANGE, whatever its size; a name taken, ALREADY_EXISTS.
+  EXPECT_EQ(capped.RegisterHostShm("c", shm_.key(), 0, 1ull << 50).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(capped.RegisterHostShm("a", shm_.key(), 0, 1).status().code(),
+            absl::StatusCode::kAlreadyExists);
+
+  // Unregistering gives the bytes back, and only those.
+  ASSERT_TRUE(capped.Unregister("a").ok());
+  EXPECT_TRUE(capped.RegisterHostShm("c", shm_.key(), 0, 4096).ok());
+  EXPECT_EQ(capped.RegisterHostShm("d", shm_.key(), 0, 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+
+  // A region unregistered while leased is still mapped: it counts until its last lease goes.
+  absl::StatusOr<RegionLease> lease = capped.Acquire("b", 0, 16);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(capped.Unregister("b").ok());
+  EXPECT_EQ(capped.RegisterHostShm("d", shm_.key(), 0, 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  *lease = RegionLease();
+  EXPECT_TRUE(capped.RegisterHostShm("d", shm_.key(), 0, 4096).ok());
+  EXPECT_THAT(Names(capped.List()), ElementsAre("c", "d"));
+
+  // 0: no limit.
+  options.max_region_bytes = 0;
+  RegionRegistry unlimited(options, nullptr, {});
+  for (const char* name : {"a", "b", "c", "d"}) {
+    EXPECT_TRUE(unlimited.RegisterHostShm(name, shm_.key(), 0, 8192).ok()) << name;
+  }
+}
+
+// Failed registrations (a missing object, a taken name, a range past the object) hold no bytes.
+TEST_F(HostRegions, FailedRegistrationsGiveTheirBytesBack) {
+  ASSERT_TRUE(shm_.ok());
+  RegionOptions options;
+  options.max_region_bytes = 8192;
+  RegionRegistry capped(options, nullptr, {});
+  ASSERT_TRUE(capped.RegisterHostShm("a", shm_.key(), 0, 4096).ok());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(capped.RegisterHostShm("a", shm_.key(), 0, 4096).status().code(),
+              absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(capped.RegisterHostShm("b", UniqueShmKey("gone"), 0, 4096).status().code(),
+              absl::StatusCode::kNotFound);
+    EXPECT_EQ(capped.RegisterHostShm("b", shm_.key(), 4097, 4096).status().code(),
+              absl::StatusCode::kOutOfRange);
+  }
+  EXPECT_TRUE(capped.RegisterHostShm("b", shm_.key(), 0, 4096).ok());
+}
+
 TEST_F(HostRegions, AReadOnlyObjectGivesAReadOnlyView) {
   TestShm readonly(4096, 0444);
   ASSERT_TRUE(readonly.ok());
@@ -280,6 +345,33 @@ TEST_F(GpuRegions, ChecksTheRangeAgainstTheAllocation) {
             absl::StatusCode::kOutOfRange);              // wraps 2^64: refused before opening
   EXPECT_EQ(ipc_.memory_opens(), ipc_.memory_closes());  // failed registrations closed again
   EXPECT_TRUE(registry_.RegisterGpuIpc("r", handle_a_, 4095, 1, kGpu.pci_bus_id).ok());
+}
+
+// GPU IPC regions count against --max_region_bytes too (an IPC open maps the allocation into
+// the server's unified address space), each by its byte_size, after their range is checked.
+TEST(GpuRegionsWithMaxBytes, CountAgainstTheSameTotalAsHostShm) {
+  FakeGpuIpc ipc;
+  std::vector<uint8_t> memory(4096);
+  const std::string handle = ipc.Export(&memory, 'U');
+  TestShm shm(4096);
+  ASSERT_TRUE(shm.ok());
+  RegionOptions options;
+  options.max_region_bytes = 6144;
+  RegionRegistry registry(options, &ipc, {kGpu});
+  ASSERT_TRUE(registry.RegisterGpuIpc("g", handle, 0, 4096, kGpu.pci_bus_id).ok());
+  absl::StatusOr<RegionInfo> host = registry.RegisterHostShm("h", shm.key(), 0, 4096);
+  EXPECT_EQ(host.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(host.status().message()),
+              HasSubstr("at most 6144 bytes (--max_region_bytes), got 8192 bytes"));
+  absl::StatusOr<RegionInfo> alias = registry.RegisterGpuIpc("g2", handle, 0, 4096, "3b:00.0");
+  EXPECT_EQ(alias.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ipc.memory_opens(), 1);  // the refused alias released its reference
+  EXPECT_EQ(registry.RegisterGpuIpc("g2", handle, 4000, 4096, "3b:00.0").status().code(),
+            absl::StatusCode::kOutOfRange);  // the range first
+  EXPECT_TRUE(registry.RegisterHostShm("h", shm.key(), 0, 2048).ok());
+  ASSERT_TRUE(registry.Unregister("g").ok());
+  EXPECT_EQ(ipc.memory_closes(), 1);
+  EXPECT_TRUE(registry.RegisterHostShm("h2", shm.key(), 0, 4096).ok());
 }
 
 TEST_F(GpuRegions, RefusesBadHandlesAndDevicesWithoutEchoingHandles) {

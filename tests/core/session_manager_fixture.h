@@ -167,11 +167,15 @@ class HostSessions : public ::testing::Test {
     manager_ = MakeManager(kCpu, BackendKind::kCpu, 2);
   }
 
-  std::unique_ptr<SessionManager> MakeManager(const DeviceInfo& device, BackendKind backend,
-                                              int max_sessions) {
+  // `max_list_bytes`: Limits::max_region_list_bytes (--max_message_bytes), which bounds the
+  // processors buffer.
+  std::unique_ptr<SessionManager> MakeManager(
+      const DeviceInfo& device, BackendKind backend, int max_sessions,
+      int64_t max_list_bytes = Limits{}.max_region_list_bytes) {
     Limits limits;
     limits.max_batch = 64;
     limits.max_vocab = 1000;
+    limits.max_region_list_bytes = max_list_bytes;
     DeviceSessionOptions options;
     options.max_sessions = max_sessions;
     return std::make_unique<SessionManager>(&regions_, backend, device, limits, options,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "service/core/backend/mps.h"
 #include "service/core/session/session_manager.h"
 #include "tests/core/session_manager_fixture.h"
@@ -131,6 +132,20 @@ TEST_F(GpuSessions, ResolvedAddressesCatchASharedControlBlockOrOverlapThroughAno
   open.params = OpenIn("gpu_alias").logits;
   EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kInvalidArgument,
                         "DeviceSessionOpen.logits and DeviceSessionOpen.params"));
+}
+
+// The GPU plane allocates device memory by the capacities (SessionStepWorkspaceBytes): the
+// same bound as the host plane's.
+TEST_F(GpuSessions, AProcessorsBufferOverMaxMessageBytesIsResourceExhaustedOnTheGpuPlaneToo) {
+  const uint64_t bytes = samplerd_processors_bytes(kM, kBiasCapacity, kHistoryCapacity);
+  manager_ = MakeManager(kGpu, BackendKind::kGpu, 4, static_cast<int64_t>(bytes) - 1);
+  EXPECT_TRUE(HasStatus(Open(WithProcessors(GpuOpen("gpu"))), absl::StatusCode::kResourceExhausted,
+                        absl::StrCat("expected a DeviceSessionOpen.processors buffer of at most ",
+                                     bytes - 1, " bytes (--max_message_bytes")));
+  manager_ = MakeManager(kGpu, BackendKind::kGpu, 4, static_cast<int64_t>(bytes));
+  const absl::StatusOr<OpenedSession> opened = Open(WithProcessors(GpuOpen("gpu")));
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->plane, SessionPlane::kGpu);
 }
 
 TEST_F(GpuSessions, ClosingASessionReleasesItsLeases) {

@@ -98,6 +98,37 @@ TEST_F(HostSessions, ACapacityWithoutProcessorsOrAboveMaxBatchTimesVocabIsInvali
   EXPECT_EQ(recorder_.last.logit_bias_capacity, 0u);
 }
 
+// Regression (redteam25 F2): the host plane copies the processors rows into server memory each
+// step and the GPU plane sizes its workspace by the capacities, so an open announcing 100M
+// history entries over a sparse shm object zero-filled 900 MB of server memory (up to ~19 GiB
+// at INT32_MAX). The buffer is bounded like one Sample request's lists, before any lease.
+TEST_F(HostSessions, AProcessorsBufferOverMaxMessageBytesIsResourceExhaustedBeforeAnyLease) {
+  const uint64_t bytes = samplerd_processors_bytes(kM, kBiasCapacity, kHistoryCapacity);
+  manager_ = MakeManager(kCpu, BackendKind::kCpu, 2, static_cast<int64_t>(bytes));
+  const absl::StatusOr<OpenedSession> fits = Open(WithProcessors(OpenIn("host")));
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  ASSERT_TRUE(manager_->Close(fits->id).ok());
+
+  SessionOpen open = WithProcessors(OpenIn("host"));
+  open.token_history_capacity = kHistoryCapacity + 1;  // 9 bytes more
+  EXPECT_TRUE(HasStatus(
+      Open(open), absl::StatusCode::kResourceExhausted,
+      absl::StrCat("expected a DeviceSessionOpen.processors buffer of at most ", bytes,
+                   " bytes (--max_message_bytes, as the same lists in one Sample request), got ",
+                   bytes + 9,
+                   " bytes (samplerd_processors_bytes(max_batch 8, logit_bias_capacity 16, "
+                   "token_history_capacity 25)): open it with smaller capacities")));
+  open = WithProcessors(OpenIn("host"));
+  open.logit_bias_capacity = kBiasCapacity + 1;  // 8 bytes more
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kResourceExhausted,
+                        absl::StrCat("got ", bytes + 8, " bytes")));
+  // Checked before the buffer is leased: a slice the region cannot hold is refused for its size.
+  open.processors.offset = shm_.size();
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kResourceExhausted, "--max_message_bytes"));
+  EXPECT_EQ(recorder_.started, 1);
+  EXPECT_EQ(manager_->open_count(), 0);
+}
+
 TEST_F(HostSessions, AProcessorBufferTooSmallForMaxBatchVocabAndCapacitiesIsOutOfRange) {
   const uint64_t size = shm_.size();
   const uint64_t bitmask = 4ull * kM * ((kV + 31) / 32);

@@ -282,5 +282,28 @@ TEST(SessionProcessors, ASnapshotKeepsTheRowsAsTakenWhateverTheEngineWritesAfter
   EXPECT_GT(entries, 100u);
 }
 
+// Regression (redteam25 F2): the copy holds the entries the steps use, not the capacities. It
+// zero-filled NB + NH entries at open (9 bytes a history entry), while the engine's shm object
+// of that size could be sparse: 100M history entries took the server from 16 to 876 MiB.
+TEST(SessionProcessors, ASnapshotAllocatesTheEntriesTheStepsUseNotTheCapacities) {
+  std::mt19937 rng(12);
+  const std::vector<Row> rows = RandomRows(rng);
+  const std::vector<uint8_t> buf = Pack(rows);
+  kernels::SessionProcessors shared = kernels::ResolveSessionProcessors(buf.data(), kM, kNb, kNh);
+  shared.bias_capacity = shared.history_capacity = 1u << 30;  // 17 GiB of entries announced
+  SessionProcessorsSnapshot snapshot(shared, kM);
+  EXPECT_EQ(snapshot.entry_bytes(), 0u);
+
+  const uint32_t nb = shared.bias_offsets[kM], nh = shared.history_offsets[kM];
+  ASSERT_GT(nb + nh, 0u);
+  const kernels::SessionProcessors& copy = snapshot.Take(shared, kM);
+  for (uint32_t r = 0; r < kM; ++r) {
+    ASSERT_TRUE(kernels::SessionRowValid(copy, r, kV)) << r;
+    ExpectSameAdjusts(SessionAdjusts(copy, r), SessionAdjusts(shared, r), 0, r);
+  }
+  EXPECT_GT(snapshot.entry_bytes(), 0u);
+  EXPECT_LE(snapshot.entry_bytes(), 2 * (8 * nb + 9 * nh));  // grown at most to twice the use
+}
+
 }  // namespace
 }  // namespace samplerd::core

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "tests/integration/device_session_fixture.h"
 
 namespace samplerd::integration {
@@ -157,6 +158,60 @@ TEST(DeviceSessionDrain, SigtermEndsAnOpenSessionUnavailableAndAbortsTheEngineWa
   // The client goes first: a sync client notices the server's GOAWAY only within 5 s.
   call.reset();
   client.reset();
+  EXPECT_EQ(server->Stop(), 0) << server->Log();
+}
+
+// Regression (redteam25 F2): a host-plane session copies its processors rows into server
+// memory, and its capacities were allocated whole at open (100M history entries over a sparse
+// shm object: 16 -> 876 MiB RSS). The processors buffer is bounded like one Sample request's
+// lists, by --max_message_bytes; the refusal is precise and the server goes on serving.
+TEST(DeviceSessionCapacities, AProcessorsBufferOverMaxMessageBytesIsResourceExhaustedAndServed) {
+  constexpr int64_t kMaxMessage = 65536;
+  ServerProcess::Options options = CpuServerOptions();
+  options.extra_args = {"--max_message_bytes=" + std::to_string(kMaxMessage),
+                        "--host_plane_threads=1"};
+  std::string error;
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start(options, &error);
+  ASSERT_NE(server, nullptr) << error;
+  {
+    Client client(server->target());
+    SessionBuffers buffers(&client, "capacities");
+    ASSERT_TRUE(buffers.ok());
+    const uint32_t most = kM * kV;  // each capacity's own bound: max_batch * vocab
+    const uint64_t too_big = samplerd_processors_bytes(kM, most, most);
+    ASSERT_GT(too_big, static_cast<uint64_t>(kMaxMessage));
+    core::TestShm processors(too_big, 0600, "capacities-procs");
+    ASSERT_TRUE(processors.ok());
+    ASSERT_TRUE(client.RegisterHostShm("capacities-procs", processors.key(), 0, too_big).ok());
+
+    v1::DeviceSessionOpen open = buffers.Open();
+    open.mutable_processors()->set_region("capacities-procs");
+    open.set_logit_bias_capacity(most);
+    open.set_token_history_capacity(most);
+    std::unique_ptr<Call> call = OpenSession(&client, open);
+    ASSERT_FALSE(call->is_open);
+    EXPECT_EQ(call->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(
+        call->status.error_message(),
+        absl::StrCat("expected a DeviceSessionOpen.processors buffer of at most ", kMaxMessage,
+                     " bytes (--max_message_bytes, as the same lists in one Sample "
+                     "request), got ",
+                     too_big, " bytes (samplerd_processors_bytes(max_batch 8, ",
+                     "logit_bias_capacity 4096, token_history_capacity 4096)): open it "
+                     "with smaller capacities"));
+
+    // Half the capacities fit: the session opens and steps.
+    open.set_logit_bias_capacity(most / 2);
+    open.set_token_history_capacity(most / 2);
+    ASSERT_LE(samplerd_processors_bytes(kM, most / 2, most / 2),
+              static_cast<uint64_t>(kMaxMessage));
+    call = OpenSession(&client, open);
+    ASSERT_TRUE(call->is_open) << call->status.error_message();
+    EXPECT_EQ(buffers.Step(1), static_cast<int>(SAMPLERD_STEP_OK));
+    grpc::Status status;
+    EXPECT_EQ(CloseSession(call.get(), &status), 1);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
   EXPECT_EQ(server->Stop(), 0) << server->Log();
 }
 

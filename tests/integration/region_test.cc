@@ -9,11 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "samplerd/host_shm_buffer.h"
 #include "tests/integration/integration_fixture.h"
 
@@ -442,6 +444,104 @@ TEST_F(RegionsOverTcpAllowed, RegistrationAndSamplingWork) {
                            &response)
                   .ok());
   EXPECT_EQ(Tokens(response), Tokens(inline_response));
+}
+
+// ---- --max_region_bytes ------------------------------------------------------------------------
+
+// Regression (redteam25 F6): ~100 regions of one sparse 4 TiB object (within the default
+// --max_regions) filled the server's 128 TiB address space, and the next 4 MiB Sample aborted
+// it with std::bad_alloc. With the default --max_region_bytes (4 TiB) the second such region is
+// refused, and the server keeps serving.
+TEST_F(Regions, ASecondSparse4TiBRegionIsResourceExhaustedAndTheServerKeepsServing) {
+  constexpr uint64_t k4TiB = uint64_t{4} << 40;
+  const std::string key = UniqueKey("sparse");
+  const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  const bool sized = ftruncate(fd, static_cast<off_t>(k4TiB)) == 0;  // no pages: sparse
+  close(fd);
+  if (!sized) {
+    shm_unlink(key.c_str());
+    GTEST_SKIP() << "this /dev/shm cannot hold a sparse 4 TiB object";
+  }
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(client_->GetServerInfo(&info).ok());
+  EXPECT_EQ(info.limits().max_region_bytes(), static_cast<int64_t>(k4TiB));  // the default
+
+  const grpc::Status first = client_->RegisterHostShm("sparse0", key, 0, k4TiB);
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  const grpc::Status second = client_->RegisterHostShm("sparse1", key, 0, k4TiB);
+  EXPECT_EQ(second.error_code(), C::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(second.error_message(),
+            "expected the registered regions to total at most 4398046511104 bytes "
+            "(--max_region_bytes), got 8796093022208 bytes with this region of 4398046511104: "
+            "unregister regions that are no longer used (one unregistered while a request or "
+            "device session uses it counts until that ends)");
+  // What aborted the server: a 4 MiB inline Sample (16 x 65,536 fp32).
+  v1::SampleResponse response;
+  const grpc::Status sampled =
+      client_->Sample(RandomLogits(16, 65536, /*seed=*/43).Request({TopKTopP(5)}), &response);
+  EXPECT_TRUE(sampled.ok()) << sampled.error_message();
+  EXPECT_EQ(response.token_ids_size(), 16);
+  ASSERT_TRUE(client_->Unregister("sparse0").ok());
+  const grpc::Status again = client_->RegisterHostShm("sparse1", key, 0, k4TiB);
+  EXPECT_TRUE(again.ok()) << again.error_message();
+  ASSERT_TRUE(client_->Unregister("sparse1").ok());
+  shm_unlink(key.c_str());
+}
+
+// A server whose regions may total two logits regions.
+class RegionsWithMaxBytes : public Regions {
+ protected:
+  static constexpr int64_t kMaxBytes = 2 * (kObjectBytes - kRegionOffset);
+  static void SetUpTestSuite() {
+    ServerProcess::Options options = CpuServerOptions();
+    options.extra_args.push_back("--max_region_bytes=" + std::to_string(kMaxBytes));
+    StartServer(options);
+  }
+};
+
+TEST_F(RegionsWithMaxBytes, OneRegionPastTheTotalIsResourceExhaustedUntilOneIsUnregistered) {
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(client_->GetServerInfo(&info).ok());
+  EXPECT_EQ(info.limits().max_region_bytes(), kMaxBytes);
+  ASSERT_TRUE(RegisterLogits("a").ok());
+  ASSERT_TRUE(RegisterLogits("b").ok());
+  const grpc::Status refused = client_->RegisterHostShm("c", shm_->key(), 0, 1);
+  EXPECT_EQ(refused.error_code(), C::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(MentionsAny(refused.error_message(),
+                          {absl::StrCat("expected the registered regions to total at most ",
+                                        kMaxBytes, " bytes (--max_region_bytes), got ",
+                                        kMaxBytes + 1, " bytes with this region of 1")}))
+      << refused.error_message();
+  EXPECT_EQ(refused.error_message().find(kSecret), std::string::npos);
+  std::vector<v1::RegionInfo> regions;
+  ASSERT_TRUE(client_->ListRegions(&regions).ok());
+  EXPECT_EQ(regions.size(), 2u);
+
+  // The server keeps serving, from the registered regions too.
+  v1::SampleResponse inline_response, response;
+  ASSERT_TRUE(client_->Sample(logits_.Request(Params()), &inline_response).ok());
+  ASSERT_TRUE(
+      client_
+          ->Sample(MakeRegionRequest("b", kLogitsOffset, v1::DTYPE_FP32, kBatch, kVocab, Params()),
+                   &response)
+          .ok());
+  EXPECT_EQ(Tokens(response), Tokens(inline_response));
+
+  // Unregistering frees the bytes.
+  ASSERT_TRUE(client_->Unregister("a").ok());
+  EXPECT_TRUE(RegisterLogits("c").ok());
+  EXPECT_EQ(client_->RegisterHostShm("d", shm_->key(), 0, 1).error_code(), C::RESOURCE_EXHAUSTED);
+}
+
+TEST(MaxRegionBytesFlag, ANegativeValueFailsStartup) {
+  ServerProcess::Options options = CpuServerOptions();
+  options.extra_args.push_back("--max_region_bytes=-1");
+  std::string error;
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start(options, &error);
+  EXPECT_EQ(server, nullptr);
+  EXPECT_TRUE(MentionsAny(error, {"expected --max_region_bytes >= 0 (0 = no limit), got -1"}))
+      << error;
 }
 
 // ---- --shm_prefix ------------------------------------------------------------------------------

@@ -57,9 +57,11 @@
  *               applies row i's mask (write all ones for an unconstrained row).
  *   processors  (optional) samplerd_processors_bytes(M, NB, NH), aligned to 4, with
  *               NB = DeviceSessionOpen.logit_bias_capacity and NH = token_history_capacity
- *               (entries over all rows): the per-row penalties, the packed logit-bias lists and
- *               the packed token histories (processors.proto's LogitBias / TokenHistory
- *               semantics), at the samplerd_processors_*_offset(M, NB, NH) offsets:
+ *               (entries over all rows; the whole buffer at most the server's
+ *               max_message_bytes, else the open is RESOURCE_EXHAUSTED): the per-row
+ *               penalties, the packed logit-bias lists and the packed token histories
+ *               (processors.proto's LogitBias / TokenHistory semantics), at the
+ *               samplerd_processors_*_offset(M, NB, NH) offsets:
  *                 float   repetition_penalty[M]   finite, > 0; 1 = off
  *                 float   presence_penalty[M]     [-2, 2]; 0 = off
  *                 float   frequency_penalty[M]    [-2, 2]; 0 = off

@@ -93,7 +93,8 @@ absl::Status ValidateShmKey(absl::string_view key, absl::string_view prefix) {
 }
 
 absl::StatusOr<HostShmMapping> MapHostShm(const std::string& key, uint64_t offset,
-                                          uint64_t byte_size) {
+                                          uint64_t byte_size,
+                                          const std::function<absl::Status()>& before_map) {
   if (byte_size == 0) {
     return absl::InvalidArgumentError("expected host_shm.byte_size >= 1, got 0");
   }
@@ -119,6 +120,12 @@ absl::StatusOr<HostShmMapping> MapHostShm(const std::string& key, uint64_t offse
     return absl::OutOfRangeError(
         absl::StrCat("expected host_shm.offset + host_shm.byte_size <= the object's size of ",
                      object, " bytes, got offset ", offset, " and byte_size ", byte_size));
+  }
+  if (before_map) {
+    if (absl::Status status = before_map(); !status.ok()) {
+      close(fd);
+      return status;
+    }
   }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t map_offset = offset - offset % page;

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -41,10 +42,13 @@ absl::Status ValidateShmKey(absl::string_view key, absl::string_view prefix);
 // Errors (never echoing the key): INVALID_ARGUMENT for byte_size 0; NOT_FOUND when no object has
 // this key; PERMISSION_DENIED when samplerd may not open it; OUT_OF_RANGE when the range does
 // not fit in the object's size (checked without overflow); RESOURCE_EXHAUSTED when the address
-// space is exhausted; FAILED_PRECONDITION for other system errors. The caller owns the mapping
-// and releases it with UnmapHostShm. Cost: a few system calls.
+// space is exhausted; FAILED_PRECONDITION for other system errors. `before_map`, when set, runs
+// once the range is known to fit, right before the mapping: its error is returned as it is,
+// with nothing mapped. The caller owns the mapping and releases it with UnmapHostShm. Cost: a
+// few system calls.
 absl::StatusOr<HostShmMapping> MapHostShm(const std::string& key, uint64_t offset,
-                                          uint64_t byte_size);
+                                          uint64_t byte_size,
+                                          const std::function<absl::Status()>& before_map = {});
 
 // Unmaps a mapping returned by MapHostShm (exactly once).
 void UnmapHostShm(const HostShmMapping& mapping);

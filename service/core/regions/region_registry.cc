@@ -13,6 +13,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -79,6 +80,17 @@ absl::Status TooMany(int64_t max_regions) {
                    "regions that are no longer used"));
 }
 
+absl::Status TooManyBytes(int64_t max_bytes, uint64_t used, uint64_t bytes) {
+  // used + bytes passes 2^64 only for a byte_size no object can hold.
+  const std::string total =
+      used > UINT64_MAX - bytes ? std::string("over 2^64") : absl::StrCat(used + bytes);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "expected the registered regions to total at most ", max_bytes,
+      " bytes (--max_region_bytes), got ", total, " bytes with this region of ", bytes,
+      ": unregister regions that are no longer used (one unregistered while a request or "
+      "device session uses it counts until that ends)"));
+}
+
 absl::Status Taken(absl::string_view name) {
   return absl::AlreadyExistsError(
       absl::StrCat("expected a new region name, got \"", name, "\", which is registered already"));
@@ -98,6 +110,7 @@ struct RegionLease::Holder {
   int64_t leases = 0;
   bool registered = true;
   bool close_claimed = false;
+  uint64_t counted_bytes = 0;  // of State::region_bytes: set by Insert, given back by the claim
 };
 
 struct RegionRegistry::State {
@@ -117,6 +130,32 @@ struct RegionRegistry::State {
     return absl::OkStatus();
   }
 
+  // Reserves `bytes` for a registration (mu held): RESOURCE_EXHAUSTED when the regions would
+  // pass options.max_region_bytes. Counted (wrapping harmlessly) without a limit too.
+  absl::StatusOr<uint64_t> ReserveBytesLocked(uint64_t bytes) {
+    const int64_t max = options.max_region_bytes;
+    if (max > 0 && (bytes > static_cast<uint64_t>(max) - region_bytes)) {
+      return TooManyBytes(max, region_bytes, bytes);
+    }
+    region_bytes += bytes;
+    return bytes;
+  }
+
+  // Gives back the bytes of a registration that failed (takes mu).
+  void GiveBackBytes(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    region_bytes -= bytes;
+  }
+
+  // Claims `holder`'s close (mu held) and gives its bytes back at once, before the unmap: a
+  // client whose UnregisterRegion was answered may register as much again without racing the
+  // closer thread (which unmaps a released region within microseconds).
+  void ClaimCloseLocked(Holder& holder) {
+    holder.close_claimed = true;
+    region_bytes -= holder.counted_bytes;
+    holder.counted_bytes = 0;
+  }
+
   // Takes `holder` out of use after its removal from `registered` (mu held): stops watching its
   // owner, and returns it when the caller must close it now (no lease), else keeps it in
   // `retired` for the last lease's release to close.
@@ -124,7 +163,7 @@ struct RegionRegistry::State {
     holder->registered = false;
     if (holder->owner_token != 0) watcher.Unwatch(holder->owner_token);
     if (holder->leases == 0) {
-      holder->close_claimed = true;
+      ClaimCloseLocked(*holder);
       return holder;
     }
     retired.insert(std::move(holder));
@@ -222,7 +261,10 @@ struct RegionRegistry::State {
   std::map<std::string, std::shared_ptr<Holder>> registered;  // by name, sorted
   std::set<std::shared_ptr<Holder>> retired;                  // unregistered, still leased
   uint64_t last_registration = 0;                             // Holder::registration's source
-  std::deque<std::shared_ptr<Holder>> to_close;               // claimed, for the closer
+  // Bytes of the regions registered, or unregistered and still leased, and of registrations in
+  // progress (Reservation).
+  uint64_t region_bytes = 0;
+  std::deque<std::shared_ptr<Holder>> to_close;  // claimed, for the closer
   std::condition_variable closer_cv;
   std::thread closer;
   uint64_t closer_generation = 0;  // CloseAll increments it to stop the running closer
@@ -236,6 +278,28 @@ struct RegionRegistry::State {
   // Last: its thread calls OnOwnerExit, which uses the members above. Order: mu, then the
   // watcher's own lock (Watch and Unwatch are called under mu; OnOwnerExit runs without it).
   OwnerWatcher watcher;
+};
+
+// Bytes of RegionOptions::max_region_bytes held for a registration in progress, from before
+// its mapping until Insert hands them to the region (Holder::counted_bytes); given back when
+// destroyed otherwise. So concurrent registrations never map more than the limit together.
+class RegionRegistry::Reservation {
+ public:
+  Reservation(State* state, uint64_t bytes) : state_(state), bytes_(bytes) {}
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  ~Reservation() {
+    if (bytes_ != 0) state_->GiveBackBytes(bytes_);
+  }
+  // Moves the bytes to `holder` (state's mu held).
+  void HandToLocked(RegionLease::Holder& holder) {
+    holder.counted_bytes = bytes_;
+    bytes_ = 0;
+  }
+
+ private:
+  State* const state_;
+  uint64_t bytes_;
 };
 
 // ---- RegionLease -------------------------------------------------------------------------------
@@ -272,7 +336,7 @@ void RegionLease::Release() {
   {
     std::lock_guard<std::mutex> lock(state.mu);
     if (--holder->leases > 0 || holder->registered || holder->close_claimed) return;
-    holder->close_claimed = true;
+    state.ClaimCloseLocked(*holder);
     state.retired.erase(holder);
     if (state.closer.joinable()) {
       // The common case: this runs at the end of a request; the closer unmaps off its path.
@@ -291,12 +355,13 @@ RegionRegistry::RegionRegistry(RegionOptions options, GpuIpc* ipc, std::vector<I
 
 RegionRegistry::~RegionRegistry() { CloseAll(); }
 
-absl::Status RegionRegistry::Insert(std::shared_ptr<RegionLease::Holder> holder,
-                                    int64_t owner_pid) {
+absl::Status RegionRegistry::Insert(std::shared_ptr<RegionLease::Holder> holder, int64_t owner_pid,
+                                    Reservation& bytes) {
   std::lock_guard<std::mutex> lock(state_->mu);
   const std::string& name = holder->info.name;
   if (state_->registered.count(name) != 0) return Taken(name);
   RETURN_IF_ERROR(state_->CheckRoomLocked());
+  bytes.HandToLocked(*holder);
   holder->info.owner_pid = owner_pid > 0 ? owner_pid : 0;
   if (owner_pid > 0) {
     // Under mu: an exit reported at once (a dead owner) finds the region registered.
@@ -325,13 +390,22 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterHostShm(const std::string& na
     if (state_->registered.count(name) != 0) return Taken(name);
     RETURN_IF_ERROR(state_->CheckRoomLocked());
   }
-  ASSIGN_OR_RETURN(HostShmMapping shm, MapHostShm(key, offset, byte_size));
+  // The bytes are reserved once the range fits the object (a range that does not is
+  // OUT_OF_RANGE whatever its size), before it is mapped.
+  std::optional<Reservation> bytes;
+  ASSIGN_OR_RETURN(HostShmMapping shm, MapHostShm(key, offset, byte_size, [&]() -> absl::Status {
+                     std::lock_guard<std::mutex> lock(state_->mu);
+                     ASSIGN_OR_RETURN(const uint64_t reserved,
+                                      state_->ReserveBytesLocked(byte_size));
+                     bytes.emplace(state_.get(), reserved);
+                     return absl::OkStatus();
+                   }));
   auto holder = std::make_shared<RegionLease::Holder>();
   holder->state = state_;
   holder->info = RegionInfo{name, RegionKind::kHostShm, byte_size, ""};
   holder->view = RegionView{RegionKind::kHostShm, shm.data, byte_size, -1, shm.writable};
   holder->shm = shm;
-  absl::Status inserted = Insert(holder, owner_pid);
+  absl::Status inserted = Insert(holder, owner_pid, *bytes);
   if (!inserted.ok()) {
     UnmapHostShm(shm);
     return inserted;
@@ -390,13 +464,24 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterGpuIpc(const std::string& nam
         absl::StrCat("expected gpu_ipc.offset + gpu_ipc.byte_size <= the allocation's size of ",
                      mapping.size, " bytes, got offset ", offset, " and byte_size ", byte_size));
   }
+  // Reserved once the range fits the allocation, as for host shm (the open is then released).
+  absl::StatusOr<uint64_t> reserved;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    reserved = state_->ReserveBytesLocked(byte_size);
+  }
+  if (!reserved.ok()) {
+    state_->ReleaseIpc(key);
+    return reserved.status();
+  }
+  Reservation bytes(state_.get(), *reserved);
   auto holder = std::make_shared<RegionLease::Holder>();
   holder->state = state_;
   holder->info = RegionInfo{name, RegionKind::kGpuIpc, byte_size, match->pci_bus_id};
   holder->view = RegionView{RegionKind::kGpuIpc, static_cast<uint8_t*>(mapping.base) + offset,
                             byte_size, match->ordinal, /*writable=*/true};
   holder->ipc = key;
-  absl::Status inserted = Insert(holder, owner_pid);
+  absl::Status inserted = Insert(holder, owner_pid, bytes);
   if (!inserted.ok()) {
     state_->ReleaseIpc(key);
     return inserted;
@@ -465,12 +550,12 @@ void RegionRegistry::CloseAll() {
     std::lock_guard<std::mutex> lock(state_->mu);
     for (auto& [name, holder] : state_->registered) {
       holder->registered = false;
-      holder->close_claimed = true;
+      state_->ClaimCloseLocked(*holder);
       closing.push_back(std::move(holder));
     }
     state_->registered.clear();
     for (const std::shared_ptr<RegionLease::Holder>& holder : state_->retired) {
-      holder->close_claimed = true;
+      state_->ClaimCloseLocked(*holder);
       closing.push_back(holder);
     }
     state_->retired.clear();

@@ -85,6 +85,15 @@ struct RegionOptions {
   // RESOURCE_EXHAUSTED before anything is mapped or opened. Each host shm region is a mapping of
   // its own, and the kernel's map count (vm.max_map_count, ~65,530) is process-wide.
   int64_t max_regions = 4096;
+  // Most bytes of regions at once, both kinds, each region counted by its byte_size
+  // (--max_region_bytes; 0 = no limit): a registration past it is RESOURCE_EXHAUSTED before
+  // anything is mapped or opened. A region counts from its registration until it is closed: an
+  // unregistered region still used by a request or a device session counts until that ends.
+  // Each host shm region maps its whole slice into the server's address space (128 TiB on
+  // x86-64), and so does a GPU IPC open under unified addressing: without a bound ~100 sparse
+  // 4 TiB objects filled the space and the next allocation aborted the server (redteam25 F6).
+  // 4 TiB by default: more than the shared memory of any host today, 1/32 of the space.
+  int64_t max_region_bytes = int64_t{4} << 40;
 };
 
 // A GPU device the registry may open IPC handles on.
@@ -136,10 +145,13 @@ class RegionRegistry {
  private:
   friend class RegionLease;
   struct State;  // region_registry.cc; shared with the leases so that a late release stays safe
+  class Reservation;  // region_registry.cc: bytes held for a registration in progress
 
   // Adds `holder` under its name, watching `owner_pid` when > 0 (RegionInfo's owner fields are
-  // set here), or ALREADY_EXISTS (the caller then closes it).
-  absl::Status Insert(std::shared_ptr<RegionLease::Holder> holder, int64_t owner_pid);
+  // set here) and handing it the reserved `bytes`, or ALREADY_EXISTS / RESOURCE_EXHAUSTED (the
+  // caller then closes it; `bytes` go back when it is destroyed).
+  absl::Status Insert(std::shared_ptr<RegionLease::Holder> holder, int64_t owner_pid,
+                      Reservation& bytes);
 
   std::shared_ptr<State> state_;
 };

@@ -155,6 +155,21 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
                                 INT32_MAX),
                    absl::StrCat(entries));
   }
+  // Each host-plane step copies the processors rows into server memory (processors_snapshot.h)
+  // and merges them, and the GPU plane sizes its device workspace by NB + NH: both bounded as
+  // the same lists in one Sample request are. A sparse shm object announcing 2^31 entries made
+  // one open zero-fill ~19 GiB of server memory.
+  const uint64_t processors_bytes = samplerd_processors_bytes(
+      open.max_batch, open.logit_bias_capacity, open.token_history_capacity);
+  if (!open.processors.region.empty() &&
+      processors_bytes > static_cast<uint64_t>(limits_.max_region_list_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "expected a DeviceSessionOpen.processors buffer of at most ", limits_.max_region_list_bytes,
+        " bytes (--max_message_bytes, as the same lists in one Sample request), got ",
+        processors_bytes, " bytes (samplerd_processors_bytes(max_batch ", m,
+        ", logit_bias_capacity ", open.logit_bias_capacity, ", token_history_capacity ",
+        open.token_history_capacity, ")): open it with smaller capacities"));
+  }
   const bool gpu_served = backend_ == BackendKind::kGpu && device_.ipc_memory;
   if (open.plane == 1 && !gpu_served) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -176,16 +191,14 @@ absl::Status SessionManager::Prepare(const SessionOpen& open, SessionSpec* spec,
     }
   }
   const uint64_t elem = static_cast<uint64_t>(kernels::DTypeSize(spec->dtype));
-  const std::array<uint64_t, kBuffers> bytes = {
-      SAMPLERD_CONTROL_BYTES,
-      m * stride * elem,
-      samplerd_params_bytes(open.max_batch),
-      4 * m,
-      4 * m,
-      4 * m,
-      samplerd_bitmask_bytes(open.max_batch, open.vocab),
-      samplerd_processors_bytes(open.max_batch, open.logit_bias_capacity,
-                                open.token_history_capacity)};
+  const std::array<uint64_t, kBuffers> bytes = {SAMPLERD_CONTROL_BYTES,
+                                                m * stride * elem,
+                                                samplerd_params_bytes(open.max_batch),
+                                                4 * m,
+                                                4 * m,
+                                                4 * m,
+                                                samplerd_bitmask_bytes(open.max_batch, open.vocab),
+                                                processors_bytes};
   const std::array<uint64_t, kBuffers> align = {
       SAMPLERD_CONTROL_ALIGN,   elem, SAMPLERD_PARAMS_ALIGN, 4, 4, 4, SAMPLERD_BITMASK_ALIGN,
       SAMPLERD_PROCESSORS_ALIGN};
