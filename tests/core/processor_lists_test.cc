@@ -357,12 +357,15 @@ TEST(ListsInShmLimit, AListPastMaxRegionListBytesIsResourceExhaustedBeforeItIsCo
   options.limits.max_region_list_bytes = 44;
   SamplerCore core(options, std::make_unique<CpuSampler>(1), /*seed_start=*/1);
   ASSERT_TRUE(core.regions().RegisterHostShm("lists", shm.key(), 0, shm.size()).ok());
-  auto request = [&shm](uint64_t offset, const std::vector<uint8_t>& packed, bool history) {
+  // The requests' inline_data is a view: the logits outlive every call.
+  const std::string logits = RandomLogitBytes(2, 50, 5);
+  auto request = [&shm, &logits](uint64_t offset, const std::vector<uint8_t>& packed,
+                                 bool history) {
     std::memcpy(shm.data() + offset, packed.data(), packed.size());
     SampleRequest r;
     r.dtype = kernels::DType::kFp32;
     r.shape = {2, 50};
-    r.inline_data = RandomLogitBytes(2, 50, 5);
+    r.inline_data = logits;
     r.has_inline_data = true;
     r.params = {ParamsSpec{}};
     r.params[0].temperature = 0.0f;
