@@ -53,9 +53,23 @@ ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "step's shape at its first message). One that would pass it is answered "
           "RESOURCE_EXHAUSTED (\"retry later\"; a stream step on its own response) and the "
           "server keeps serving; one larger than the whole budget can never fit. The server "
-          "holds ~2.5x a message's bytes at its peak, admitted or not: size it so that 256 MiB "
-          "+ 2.5 x (this + max_inflight x max_message_bytes) fits the memory limit. "
+          "holds ~2.5x a message's bytes while it is received, admitted or not, and admitted "
+          "logits once: size it so that 256 MiB + this + 2.5 x (max_receive_bytes + "
+          "max_inflight x max_message_bytes) fits the memory limit. "
           "0 = no limit (then chunked steps, up to 1 GiB each, are bounded by nothing).");
+// 0 by default, as --max_inflight_bytes: the server cannot know its memory limit, and a budget
+// makes small requests wait behind large ones being received; a deployment sets it (deploy/k8s).
+ABSL_FLAG(int64_t, max_receive_bytes, 0,
+          "Request bytes the server receives at once before admission. gRPC reads a request "
+          "whole before --max_inflight and --max_inflight_bytes can refuse it, so without this "
+          "a burst of large requests is held whole, however many. A unary call (Sample, the "
+          "region calls, GetServerInfo) reads its request only while it holds "
+          "--max_message_bytes of this budget (its size is unknown until it has arrived), so "
+          "this / --max_message_bytes requests are received at once; the others wait their "
+          "turn, first come first served, until their deadline (they are not refused); one "
+          "whose request has not arrived --chunk_timeout_ms after its turn came is answered "
+          "DEADLINE_EXCEEDED. SampleStream and DeviceSession messages are not counted. "
+          "0 = no limit; otherwise at least --max_message_bytes.");
 // No 0 = "no deadline": a chunked step holds its bytes of --max_inflight_bytes (and its buffer)
 // until its last chunk, so one with no deadline lets a stalled client hold them for ever. A
 // deployment whose clients send slowly sets a longer one.
@@ -63,8 +77,10 @@ ABSL_FLAG(int64_t, chunk_timeout_ms, 10000,
           "Longest time from a chunked SampleStream step's first message to its last, in "
           "milliseconds (1 to 86400000). When it passes first, the step is answered "
           "DEADLINE_EXCEEDED at once, its reserved bytes are freed, the rest of its chunks are "
-          "skipped and the stream goes on. Allow the largest step's transfer time (1 GiB takes "
-          "~9 s at 1 Gbit/s).");
+          "skipped and the stream goes on. With --max_receive_bytes, also the longest a unary "
+          "request may take to arrive once its turn to be received came (then "
+          "DEADLINE_EXCEEDED, and the turn passes on). Allow the largest step's or request's "
+          "transfer time (1 GiB takes ~9 s at 1 Gbit/s).");
 ABSL_FLAG(int32_t, max_device_sessions, 8,
           "Most device sessions (DeviceSession calls) open at once; one more is "
           "RESOURCE_EXHAUSTED. Each host-plane session holds CPU threads. 0 = none.");
@@ -179,6 +195,17 @@ absl::Status LimitsFromFlags(int* max_message_bytes, core::Limits* limits) {
         "expected --max_inflight_bytes >= 0 (0 = no limit), got ", limits->max_inflight_bytes));
   }
   return absl::OkStatus();
+}
+
+// --max_receive_bytes: 0, or room for at least one message of --max_message_bytes.
+absl::StatusOr<int64_t> ReceiveBytesFromFlag(int64_t max_message_bytes) {
+  const int64_t budget = absl::GetFlag(FLAGS_max_receive_bytes);
+  if (budget != 0 && budget < max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected --max_receive_bytes of 0 (no limit) or at least --max_message_bytes (",
+        max_message_bytes, "), got ", budget));
+  }
+  return budget;
 }
 
 absl::Status SessionsFromFlags(core::DeviceSessionOptions* sessions) {
@@ -304,6 +331,8 @@ absl::StatusOr<ProcessOptions> OptionsFromFlags() {
   options.core.threads = absl::GetFlag(FLAGS_threads);
   options.core.gpu = absl::GetFlag(FLAGS_gpu);
   RETURN_IF_ERROR(LimitsFromFlags(&options.server.max_message_bytes, &options.core.limits));
+  ASSIGN_OR_RETURN(options.server.max_receive_bytes,
+                   ReceiveBytesFromFlag(options.server.max_message_bytes));
   options.core.regions.shm_prefix = absl::GetFlag(FLAGS_shm_prefix);
   RETURN_IF_ERROR(core::ValidateShmPrefix(options.core.regions.shm_prefix));
   options.core.regions.max_regions = absl::GetFlag(FLAGS_max_regions);

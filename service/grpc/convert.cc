@@ -183,7 +183,7 @@ void ToProto(const core::RegionInfo& in, v1::RegionInfo* out) {
   out->set_owner_watched(in.owner_watched);
 }
 
-void ToProto(const core::ServerInfo& in, int64_t max_message_bytes, absl::Duration chunk_timeout,
+void ToProto(const core::ServerInfo& in, const TransportLimits& transport,
              v1::GetServerInfoResponse* out) {
   out->set_version(in.version);
   out->set_backend(in.backend == core::BackendKind::kGpu ? v1::BACKEND_GPU : v1::BACKEND_CPU);
@@ -199,12 +199,13 @@ void ToProto(const core::ServerInfo& in, int64_t max_message_bytes, absl::Durati
   v1::Limits* limits = out->mutable_limits();
   limits->set_max_batch(in.limits.max_batch);
   limits->set_max_vocab(in.limits.max_vocab);
-  limits->set_max_message_bytes(max_message_bytes);
+  limits->set_max_message_bytes(transport.max_message_bytes);
+  limits->set_max_receive_bytes(transport.max_receive_bytes);
   limits->set_max_top_logprobs(in.limits.max_top_logprobs);
   limits->set_max_device_sessions(in.device_sessions.max_sessions);
   limits->set_max_inflight(in.limits.max_inflight);
   limits->set_max_inflight_bytes(in.limits.max_inflight_bytes);
-  limits->set_chunk_timeout_ms(absl::ToInt64Milliseconds(chunk_timeout));
+  limits->set_chunk_timeout_ms(absl::ToInt64Milliseconds(transport.chunk_timeout));
   limits->set_max_region_bytes(in.max_region_bytes);
   v1::DeviceSessionSupport* sessions = out->mutable_device_sessions();
   sessions->set_gpu_plane(in.device_sessions.gpu_plane);

@@ -14,6 +14,19 @@
 
 namespace samplerd::grpc_transport {
 
+// The limits the gRPC layer enforces itself (the core's are in core::Limits); GetServerInfo
+// reports them.
+struct TransportLimits {
+  // Largest message received or sent, bytes (--max_message_bytes).
+  int64_t max_message_bytes = 256 << 20;
+  // Request bytes received at once before admission (--max_receive_bytes, receive_gate.h); each
+  // unary request being received counts as max_message_bytes. 0 = no limit.
+  int64_t max_receive_bytes = 0;
+  // How long a chunked SampleStream step may take from its first message to its last, and a
+  // unary request to arrive once its turn came (--chunk_timeout_ms; > 0).
+  absl::Duration chunk_timeout = absl::Seconds(10);
+};
+
 // Fills `out` from `in`: inline logits or a region slice, the output slice and the event
 // handles. out->inline_data views in.logits().inline_data(): `in` must outlive `out`. Errors:
 // INVALID_ARGUMENT for enum values this server does not know.
@@ -32,9 +45,9 @@ void ToProto(const core::SampleResult& in, v1::SampleResponse* out);
 // Fills `out` from a registered region's description.
 void ToProto(const core::RegionInfo& in, v1::RegionInfo* out);
 
-// Fills `out` from the server's description and the transport's own limits: its message size
-// limit and its chunked steps' deadline (limits.chunk_timeout_ms, whole milliseconds).
-void ToProto(const core::ServerInfo& in, int64_t max_message_bytes, absl::Duration chunk_timeout,
+// Fills `out` from the server's description and the transport's own limits (chunk_timeout in
+// whole milliseconds).
+void ToProto(const core::ServerInfo& in, const TransportLimits& transport,
              v1::GetServerInfoResponse* out);
 
 // Fills `out` from a DeviceSessionOpen. Enum numbers are copied as they are (unknown ones

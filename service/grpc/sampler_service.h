@@ -5,13 +5,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <mutex>
 
-#include "absl/time/time.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
 #include "service/core/sampler_core.h"
+#include "service/grpc/convert.h"
 #include "service/grpc/peer.h"
-#include "service/grpc/raw_message.h"
+#include "service/grpc/receive_gate.h"
+#include "service/grpc/unary_call.h"
 #include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::grpc_transport {
@@ -27,62 +29,62 @@ namespace samplerd::grpc_transport {
 // SampleStream per step) and the region gauges follow registrations.
 // Every method is registered raw (grpc::ByteBuffer in and out) and parses its own request
 // (raw_message.h): bytes that do not parse are INVALID_ARGUMENT with a message, and end a stream
-// with that status after the steps before them are answered.
-using RawSamplerService = v1::SamplerService::WithRawCallbackMethod_Sample<
-    v1::SamplerService::WithRawCallbackMethod_SampleStream<
-        v1::SamplerService::WithRawCallbackMethod_RegisterRegion<
-            v1::SamplerService::WithRawCallbackMethod_UnregisterRegion<
-                v1::SamplerService::WithRawCallbackMethod_ListRegions<
-                    v1::SamplerService::WithRawCallbackMethod_GetServerInfo<
-                        v1::SamplerService::WithRawCallbackMethod_DeviceSession<
-                            v1::SamplerService::Service>>>>>>>;
+// with that status after the steps before them are answered. SampleStream and DeviceSession are
+// raw callback streams; so are the unary methods on the server's side (the constructor registers
+// them, unary_call.h), so that their requests are read only within the ReceiveGate's budget
+// (--max_receive_bytes).
+using RawSamplerService = v1::SamplerService::WithRawCallbackMethod_SampleStream<
+    v1::SamplerService::WithRawCallbackMethod_DeviceSession<v1::SamplerService::Service>>;
 
 class SamplerServiceImpl final : public RawSamplerService {
  public:
   // `core` must outlive the service and every call on it; so must `metrics` (null: none) and
   // `peers` (null: no caller is known, and regions are registered without an owner).
-  // `max_message_bytes` is the server's message size limit; `chunk_timeout` (> 0) bounds each
-  // chunked SampleStream step (SampleStreamReactor). GetServerInfo reports both.
-  SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions, int64_t max_message_bytes,
-                     absl::Duration chunk_timeout, metrics::SamplerMetrics* metrics = nullptr,
+  // `limits` are the transport's: the message size limit, the receive budget of the unary
+  // methods' requests, and the deadline of each chunked SampleStream step (SampleStreamReactor).
+  // GetServerInfo reports them.
+  SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions,
+                     const TransportLimits& limits, metrics::SamplerMetrics* metrics = nullptr,
                      const PeerTable* peers = nullptr);
   ~SamplerServiceImpl() override;
 
-  // Each unary method: a samplerd.v1 request in `request`, its response written to `response`.
-  grpc::ServerUnaryReactor* Sample(grpc::CallbackServerContext* context,
-                                   const grpc::ByteBuffer* request,
-                                   grpc::ByteBuffer* response) override;
+  // The unary methods: each call reads its samplerd.v1 request within the receive budget, and
+  // its method runs once the request has arrived and parsed (UnaryCall).
+  using UnaryReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+  UnaryReactor* Sample(grpc::CallbackServerContext* context);
+  UnaryReactor* RegisterRegion(grpc::CallbackServerContext* context);
+  UnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context);
+  UnaryReactor* ListRegions(grpc::CallbackServerContext* context);
+  UnaryReactor* GetServerInfo(grpc::CallbackServerContext* context);
+
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SampleStream(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* RegisterRegion(grpc::CallbackServerContext* context,
-                                           const grpc::ByteBuffer* request,
-                                           grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context,
-                                             const grpc::ByteBuffer* request,
-                                             grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
-                                        const grpc::ByteBuffer* request,
-                                        grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const grpc::ByteBuffer* request,
-                                          grpc::ByteBuffer* response) override;
   // Served like the region calls (a session names regions). Not counted in metrics yet.
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DeviceSession(
       grpc::CallbackServerContext* context) override;
 
+  // The budget the unary methods' requests are received within.
+  const ReceiveGate& receive_gate() const { return receive_gate_; }
+
  private:
+  // Registers the unary method `name` as a raw callback stream whose calls `make` creates.
+  void RegisterUnary(const char* name,
+                     std::function<UnaryReactor*(grpc::CallbackServerContext*)> make);
+  // A call (a UnaryCall<Request, Response>) of `method` that runs `serve` once its request has
+  // arrived and parsed; a request that does not parse is answered (and counted)
+  // INVALID_ARGUMENT instead.
+  template <typename Call>
+  UnaryReactor* StartUnary(grpc::CallbackServerContext* context, metrics::Method method,
+                           std::function<void(Call*)> serve);
   // Counts `status` for `method`, then answers `call` with it.
   void Finish(RawUnaryCall* call, metrics::Method method, grpc::Status status);
-  // Parses `call`'s request from `raw`; when it does not parse, answers (and counts)
-  // INVALID_ARGUMENT and returns false.
-  bool Parse(RawUnaryCall* call, const grpc::ByteBuffer* raw, metrics::Method method);
   // Recounts the registered regions into the region gauges (after a change).
   void UpdateRegionGauges();
 
   core::SamplerCore* core_;
   const bool allow_remote_regions_;
-  const int64_t max_message_bytes_;
-  const absl::Duration chunk_timeout_;
+  const TransportLimits limits_;
+  ReceiveGate receive_gate_;
   metrics::SamplerMetrics* const metrics_;
   const PeerTable* const peers_;
   std::mutex regions_gauge_mu_;  // orders recounts, so that the last one set wins

@@ -82,6 +82,15 @@ absl::StatusOr<std::unique_ptr<SamplerServer>> SamplerServer::Start(const Server
   // gRPC sets SO_REUSEPORT by default, so a second samplerd on the same TCP port would silently
   // share its connections; a taken port must fail startup instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (options.max_receive_bytes > 0) {
+    // With a receive budget, a call waiting for its turn must not be sent its request anyway:
+    // what it may be sent unread is the stream's flow-control window, 64 KiB, but gRPC's
+    // bandwidth-delay probing grows that window to megabytes on a fast link (32 calls of 64 MiB
+    // over a unix socket with 2 received at once: 1.2 GiB peak RSS with probing, 0.5 GiB
+    // without; tests/bench/RECEIVE_BURST_RESULTS.md). A call reading its message is granted a
+    // window of the message's size either way, so a large request is received as fast.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  }
 
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {

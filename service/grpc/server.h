@@ -33,8 +33,13 @@ struct ServerOptions {
   std::vector<std::string> listen = {"unix:///run/samplerd/samplerd.sock"};
   // Largest message received or sent, bytes (--max_message_bytes); GetServerInfo reports it.
   int max_message_bytes = 256 << 20;
+  // Request bytes received at once before admission (--max_receive_bytes; 0 = no limit, else
+  // >= max_message_bytes): a unary call reads its request only while it holds max_message_bytes
+  // of them, and waits for its turn otherwise (receive_gate.h). GetServerInfo reports it.
+  int64_t max_receive_bytes = 0;
   // How long a chunked SampleStream step may take from its first message to its last
   // (--chunk_timeout_ms; > 0): then it fails DEADLINE_EXCEEDED and its reserved bytes are free.
+  // With max_receive_bytes, also how long a unary request may take to arrive once its turn came.
   absl::Duration chunk_timeout = absl::Seconds(10);
   // Serve region calls (and requests naming regions) to TCP clients too, not only to clients on
   // a unix socket (--allow_remote_regions).
@@ -71,6 +76,8 @@ class SamplerServer {
   const std::vector<std::string>& bound_addresses() const { return bound_; }
   // The health address as bound (port 0 resolved); empty without one.
   std::string health_address() const { return health_ ? health_->bound_address() : ""; }
+  // The budget the unary calls' requests are received within (--max_receive_bytes).
+  const ReceiveGate& receive_gate() const { return service_.receive_gate(); }
 
   // Stops accepting calls and waits for those in flight until `deadline`, then cancels them;
   // then stops the health listener (it answers NOT_SERVING, once SetServing(false), until then).
@@ -78,8 +85,10 @@ class SamplerServer {
 
  private:
   SamplerServer(core::SamplerCore* core, const ServerOptions& options)
-      : service_(core, options.allow_remote_regions, options.max_message_bytes,
-                 options.chunk_timeout, options.metrics, &peers_) {}
+      : service_(core, options.allow_remote_regions,
+                 TransportLimits{options.max_message_bytes, options.max_receive_bytes,
+                                 options.chunk_timeout},
+                 options.metrics, &peers_) {}
 
   PeerTable peers_;  // before service_, which looks callers up in it
   SamplerServiceImpl service_;

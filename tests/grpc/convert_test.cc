@@ -202,7 +202,10 @@ TEST(ToProto, DescribesTheServer) {
   info.limits.max_inflight_bytes = 1 << 30;
   info.max_region_bytes = int64_t{3} << 40;
   v1::GetServerInfoResponse out;
-  ToProto(info, /*max_message_bytes=*/4 << 20, /*chunk_timeout=*/absl::Milliseconds(2500), &out);
+  ToProto(info,
+          TransportLimits{/*max_message_bytes=*/4 << 20, /*max_receive_bytes=*/12 << 20,
+                          /*chunk_timeout=*/absl::Milliseconds(2500)},
+          &out);
   EXPECT_EQ(out.version(), "9.9");
   EXPECT_EQ(out.backend(), v1::BACKEND_GPU);
   ASSERT_EQ(out.devices_size(), 1);
@@ -210,6 +213,7 @@ TEST(ToProto, DescribesTheServer) {
   EXPECT_TRUE(out.devices(0).ipc_events());
   EXPECT_EQ(out.limits().max_top_logprobs(), core::Limits{}.max_top_logprobs);
   EXPECT_EQ(out.limits().max_message_bytes(), 4 << 20);
+  EXPECT_EQ(out.limits().max_receive_bytes(), 12 << 20);
   EXPECT_EQ(out.limits().max_inflight(), 7);
   EXPECT_EQ(out.limits().max_inflight_bytes(), 1 << 30);
   EXPECT_EQ(out.limits().chunk_timeout_ms(), 2500);
@@ -222,7 +226,7 @@ TEST(ToProto, DescribesDeviceSessionSupport) {
       /*max_sessions=*/5, /*gpu_plane=*/true,  /*host_plane=*/true,
       /*mps=*/true,       /*open_sessions=*/3, /*processors=*/true};
   v1::GetServerInfoResponse out;
-  ToProto(info, /*max_message_bytes=*/4 << 20, /*chunk_timeout=*/absl::Seconds(10), &out);
+  ToProto(info, TransportLimits{}, &out);
   EXPECT_EQ(out.limits().max_device_sessions(), 5);
   EXPECT_TRUE(out.device_sessions().gpu_plane());
   EXPECT_TRUE(out.device_sessions().host_plane());

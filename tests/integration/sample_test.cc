@@ -217,9 +217,11 @@ TEST_F(SampleOverUds, GetServerInfoDescribesTheCpuBackend) {
   EXPECT_GE(info.limits().max_vocab(), 151936);
   EXPECT_EQ(info.limits().max_message_bytes(), 256 << 20);  // the server's default
   EXPECT_GT(info.limits().max_top_logprobs(), 0);
-  // The defaults of --max_inflight, --max_inflight_bytes (no limit) and --chunk_timeout_ms.
+  // The defaults of --max_inflight, --max_inflight_bytes and --max_receive_bytes (no limit) and
+  // --chunk_timeout_ms.
   EXPECT_EQ(info.limits().max_inflight(), 256);
   EXPECT_EQ(info.limits().max_inflight_bytes(), 0);
+  EXPECT_EQ(info.limits().max_receive_bytes(), 0);
   EXPECT_EQ(info.limits().chunk_timeout_ms(), 10000);
   EXPECT_EQ(info.limits().max_region_bytes(), int64_t{4} << 40);  // --max_region_bytes: 4 TiB
 }
