@@ -106,10 +106,16 @@ POD_MUTATIONS = [
                 set_arg(d, "max_message_bytes", str(256 << 20)))),
     ("amd", "memory-budget", "no --max_inflight_bytes nor --max_inflight (0 is no limit)",
      lambda d: (drop_arg(d, "max_inflight_bytes"), drop_arg(d, "max_inflight"))),
-    # The budget does not count messages received before admission: these fit the budget term
-    # alone (256 MiB + 2.5 x 128 MiB) and fail only with the messages added.
+    # The budget does not count messages received before admission: these fit the budget and
+    # receive terms alone and fail only with the stream messages added.
     ("cpu", "memory-budget", "the budget set, with 4 x 64 MiB messages received beside it",
      lambda d: set_arg(d, "max_inflight", "4")),
+    ("cpu", "memory-budget", "no --max_receive_bytes: a burst of unary requests is held whole",
+     lambda d: drop_arg(d, "max_receive_bytes")),
+    ("nvidia", "memory-budget", "--max_receive_bytes below --max_message_bytes",
+     lambda d: set_arg(d, "max_receive_bytes", str(8 << 20))),
+    ("amd", "memory-budget", "a 512 MiB --max_receive_bytes in a 1Gi limit",
+     lambda d: set_arg(d, "max_receive_bytes", str(512 << 20))),
     ("nvidia", "memory-budget", "the budget set, with 8 x 256 MiB messages received beside it",
      lambda d: set_arg(d, "max_message_bytes", str(256 << 20))),
     ("amd", "memory-budget", "the budget set, without --max_message_bytes (256 MiB by default)",

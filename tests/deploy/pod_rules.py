@@ -225,11 +225,12 @@ def rule_resources(pod):
         expect("memory" in limits, f"expected a memory limit on {c['name']}")
 
 
-# What samplerd holds at its peak per inline message, as a multiple of its bytes: gRPC's received
-# bytes, kept until the call ends, and the parsed request (2.5x measured with VmHWM on the CPU
-# backend for 64 and 128 MiB requests, deploy/README.md). The peak comes with the parse, before
-# admission, so a message refused as over --max_inflight or --max_inflight_bytes reaches it too.
-# BASE_MEMORY_MIB is what the server needs besides (threads, the GPU runtime's host allocations).
+# What samplerd holds at its peak per inline message being received, as a multiple of its bytes:
+# gRPC's received bytes and the parsed request (2.5x measured with VmHWM on the CPU backend for 64
+# and 128 MiB requests, deploy/README.md). The peak comes with the parse, before admission, so a
+# message refused as over --max_inflight or --max_inflight_bytes reaches it too. Once parsed, the
+# received bytes are freed: admitted work holds its logits once. BASE_MEMORY_MIB is what the
+# server needs besides (threads, the GPU runtime's host allocations).
 INLINE_PEAK_FACTOR = 2.5
 BASE_MEMORY_MIB = 256
 MEMORY_UNITS = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
@@ -248,33 +249,41 @@ def positive_flag(pod, name, what):
 
 
 def rule_memory_budget(pod):
-    """The sidecar's memory limit holds BASE_MEMORY_MIB plus INLINE_PEAK_FACTOR x the inline
-    bytes samplerd can hold at once (deploy/README.md, "Memory", says why):
+    """The sidecar's memory limit holds BASE_MEMORY_MIB, the admitted inline bytes once, and
+    INLINE_PEAK_FACTOR x the messages samplerd can be receiving at once (deploy/README.md,
+    "Memory", says why):
 
-      with --max_inflight_bytes (> 0):  256 MiB + 2.5 x (max_inflight_bytes
-                                                          + max_inflight x max_message_bytes)
-      without:                          256 MiB + 2.5 x max_inflight x max_message_bytes
+      256 MiB + max_inflight_bytes + 2.5 x (max_receive_bytes + max_inflight x max_message_bytes)
 
-    The budget bounds the logits of admitted work, chunked SampleStream steps included (which no
-    other flag bounds); the messages term is the engine's calls received and parsed before
-    admission, which the budget does not count, up to --max_inflight of them. The server's
-    defaults (256 requests of 256 MiB, no byte budget) would get it OOM-killed, so
+    --max_inflight_bytes bounds the logits of admitted work, chunked SampleStream steps included
+    (which no other flag bounds; 0 or unset: no limit, counted as 0). --max_receive_bytes bounds
+    the unary requests being received however many arrive, and must be set: without it a burst of
+    requests is held whole; below --max_message_bytes the server refuses to start. The last term
+    is the stream messages, one per stream at a time, which the engine keeps to --max_inflight.
+    The server's defaults (256 requests of 256 MiB, no budgets) would get it OOM-killed, so
     --max_message_bytes and --max_inflight must be set in every case."""
     limit = memory_mib(((pod.sidecar.get("resources") or {}).get("limits") or {}).get("memory"))
     budget = pod.flags.get("max_inflight_bytes", "0")
     expect(budget.isdigit(),
            f"expected --max_inflight_bytes a byte count (0 is no limit), got {budget!r}")
     message = positive_flag(pod, "max_message_bytes", "byte count")
+    receive = positive_flag(pod, "max_receive_bytes", "byte count (0 is no limit)")
+    expect(receive >= message,
+           f"expected --max_receive_bytes ({receive}) at least --max_message_bytes ({message}): "
+           "samplerd refuses to start with less")
     inflight = positive_flag(pod, "max_inflight", "count (0 is no limit)")
-    messages_mib = inflight * message / 2**20
     budget_mib = int(budget) / 2**20
-    worst = BASE_MEMORY_MIB + INLINE_PEAK_FACTOR * (budget_mib + messages_mib)
-    budget_text = (f"--max_inflight_bytes={budget} ({budget_mib:.0f} MiB) of admitted logits "
-                   "plus " if budget_mib else "")
+    receive_mib = receive / 2**20
+    messages_mib = inflight * message / 2**20
+    worst = BASE_MEMORY_MIB + budget_mib + INLINE_PEAK_FACTOR * (receive_mib + messages_mib)
+    budget_text = (f"--max_inflight_bytes={budget} ({budget_mib:.0f} MiB) of admitted logits, "
+                   if budget_mib else "")
     expect(worst <= limit,
            f"expected samplerd's memory limit ({limit:.0f} MiB) to hold {budget_text}"
-           f"{inflight} messages of {message / 2**20:.0f} MiB received before admission, at "
-           f"{INLINE_PEAK_FACTOR}x and {BASE_MEMORY_MIB} MiB besides ({worst:.0f} MiB), got less")
+           f"--max_receive_bytes={receive} ({receive_mib:.0f} MiB) of unary requests and "
+           f"{inflight} stream messages of {message / 2**20:.0f} MiB being received, at "
+           f"{INLINE_PEAK_FACTOR}x, and {BASE_MEMORY_MIB} MiB besides ({worst:.0f} MiB), "
+           "got less")
 
 
 def rule_images(pod):
