@@ -57,8 +57,9 @@ ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "logits once: size it so that 256 MiB + this + 2.5 x (max_receive_bytes + "
           "max_inflight x max_message_bytes) fits the memory limit. "
           "0 = no limit (then chunked steps, up to 1 GiB each, are bounded by nothing).");
-// 0 by default, as --max_inflight_bytes: the server cannot know its memory limit, and a budget
-// makes small requests wait behind large ones being received; a deployment sets it (deploy/k8s).
+// 0 by default, as --max_inflight_bytes: the server cannot know its memory limit, a budget
+// makes small requests wait behind large ones being received, and serving the unary methods
+// through it costs each call a little (gated_unary_call.h); a deployment sets it (deploy/k8s).
 ABSL_FLAG(int64_t, max_receive_bytes, 0,
           "Request bytes the server receives at once before admission. gRPC reads a request "
           "whole before --max_inflight and --max_inflight_bytes can refuse it, so without this "
@@ -69,7 +70,8 @@ ABSL_FLAG(int64_t, max_receive_bytes, 0,
           "turn, first come first served, until their deadline (they are not refused); one "
           "whose request has not arrived --chunk_timeout_ms after its turn came is answered "
           "DEADLINE_EXCEEDED. SampleStream and DeviceSession messages are not counted. "
-          "0 = no limit; otherwise at least --max_message_bytes.");
+          "0 = no limit, and the unary methods are served as plain gRPC unary methods; "
+          "otherwise at least --max_message_bytes.");
 // No 0 = "no deadline": a chunked step holds its bytes of --max_inflight_bytes (and its buffer)
 // until its last chunk, so one with no deadline lets a stalled client hold them for ever. A
 // deployment whose clients send slowly sets a longer one.

@@ -1,6 +1,5 @@
 // samplerd parses its requests itself: every SamplerService method is registered as a raw
-// callback method (grpc::ByteBuffer in and out), and the reactors (unary_call.h for the unary
-// methods) call ParseMessage.
+// callback method (grpc::ByteBuffer in and out), and the reactors call ParseMessage.
 //
 // Why: gRPC 1.51's callback API reports a request that does not parse badly. A unary one is
 // answered UNIMPLEMENTED with an empty message (CallbackUnaryHandler::RunHandler), and a stream
@@ -12,6 +11,8 @@
 
 #include <google/protobuf/message_lite.h>
 #include <grpcpp/grpcpp.h>
+
+#include <utility>
 
 #include "absl/status/status.h"
 
@@ -30,6 +31,46 @@ absl::Status ParseMessage(grpc::ByteBuffer* buffer, google::protobuf::MessageLit
 // (a message over 2 GiB).
 absl::Status SerializeMessage(const google::protobuf::MessageLite& message,
                               grpc::ByteBuffer* buffer);
+
+// A unary call on a raw method: owns the parsed request and the response until gRPC is done
+// with the call (it deletes itself in OnDone).
+class RawUnaryCall : public grpc::ServerUnaryReactor {
+ public:
+  // Parses the call's request from `raw` (not consumed: its slices are shared).
+  virtual absl::Status ParseRequest(const grpc::ByteBuffer& raw) = 0;
+  // Serializes the response when `status` is OK (a failure to serialize becomes the status),
+  // then finishes the call. Called once.
+  virtual void Reply(grpc::Status status) = 0;
+  void OnDone() override { delete this; }
+};
+
+template <typename Request, typename Response>
+class UnaryCall final : public RawUnaryCall {
+ public:
+  // `raw_response` is gRPC's response buffer for the call; it outlives the call.
+  explicit UnaryCall(grpc::ByteBuffer* raw_response) : raw_response_(raw_response) {}
+
+  absl::Status ParseRequest(const grpc::ByteBuffer& raw) override {
+    grpc::ByteBuffer copy(raw);
+    return ParseMessage(&copy, &request);
+  }
+
+  void Reply(grpc::Status status) override {
+    if (status.ok()) {
+      const absl::Status serialized = SerializeMessage(response, raw_response_);
+      if (!serialized.ok()) {
+        status = grpc::Status(grpc::StatusCode::INTERNAL, std::string(serialized.message()));
+      }
+    }
+    Finish(std::move(status));
+  }
+
+  Request request;
+  Response response;
+
+ private:
+  grpc::ByteBuffer* const raw_response_;
+};
 
 }  // namespace samplerd::grpc_transport
 

@@ -4,12 +4,13 @@
 // Why: gRPC reads a unary call's whole message before any handler runs, so admission
 // (--max_inflight, --max_inflight_bytes) comes too late to bound what a burst costs: 32
 // concurrent 64 MiB Sample requests took a CPU server to a peak RSS of 1.4 GiB with
-// --max_inflight=2 (tests/bench/RECEIVE_BURST_RESULTS.md). SamplerService's unary methods are
-// therefore served as streams (unary_call.h) that start reading their message only once they hold
-// a share of this budget; the others wait, in arrival order, without failing (backpressure: a
-// waiting call's unread bytes stay in the client, beyond gRPC's flow-control window). gRPC's own
-// ResourceQuota bounds that memory too, but by resetting arbitrary streams, an engine's idle
-// SampleStream included (same file), so it is not used.
+// --max_inflight=2 (tests/bench/RECEIVE_BURST_RESULTS.md). With a budget, SamplerService's
+// unary methods are therefore served as streams (gated_unary_call.h) that start reading their
+// message only once they hold a share of it; the others wait, in arrival order, without failing
+// (backpressure: a waiting call's unread bytes stay in the client, beyond gRPC's flow-control
+// window). Without one, the service does not use the gate. gRPC's own ResourceQuota bounds that
+// memory too, but by resetting arbitrary streams, an engine's idle SampleStream included (same
+// file), so it is not used.
 #ifndef SAMPLERD_SERVICE_GRPC_RECEIVE_GATE_H_
 #define SAMPLERD_SERVICE_GRPC_RECEIVE_GATE_H_
 

@@ -5,7 +5,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <functional>
 #include <mutex>
 
 #include "samplerd/v1/sampler.grpc.pb.h"
@@ -13,7 +12,6 @@
 #include "service/grpc/convert.h"
 #include "service/grpc/peer.h"
 #include "service/grpc/receive_gate.h"
-#include "service/grpc/unary_call.h"
 #include "service/metrics/sampler_metrics.h"
 
 namespace samplerd::grpc_transport {
@@ -30,9 +28,11 @@ namespace samplerd::grpc_transport {
 // Every method is registered raw (grpc::ByteBuffer in and out) and parses its own request
 // (raw_message.h): bytes that do not parse are INVALID_ARGUMENT with a message, and end a stream
 // with that status after the steps before them are answered. SampleStream and DeviceSession are
-// raw callback streams; so are the unary methods on the server's side (the constructor registers
-// them, unary_call.h), so that their requests are read only within the ReceiveGate's budget
-// (--max_receive_bytes).
+// raw callback streams. The unary methods are raw callback unary methods (UnaryCall) without a
+// receive budget, so such a server serves them as gRPC's generated code would; with one
+// (--max_receive_bytes), they are raw callback streams on the server's side (GatedUnaryCall),
+// so that their requests are read only within the ReceiveGate's budget. The constructor
+// registers them one way or the other.
 using RawSamplerService = v1::SamplerService::WithRawCallbackMethod_SampleStream<
     v1::SamplerService::WithRawCallbackMethod_DeviceSession<v1::SamplerService::Service>>;
 
@@ -41,21 +41,13 @@ class SamplerServiceImpl final : public RawSamplerService {
   // `core` must outlive the service and every call on it; so must `metrics` (null: none) and
   // `peers` (null: no caller is known, and regions are registered without an owner).
   // `limits` are the transport's: the message size limit, the receive budget of the unary
-  // methods' requests, and the deadline of each chunked SampleStream step (SampleStreamReactor).
-  // GetServerInfo reports them.
+  // methods' requests (0: none, and the unary methods are plain unary methods), and the deadline
+  // of each chunked SampleStream step (SampleStreamReactor) and, with a budget, of a unary
+  // request's arrival once its turn came. GetServerInfo reports them.
   SamplerServiceImpl(core::SamplerCore* core, bool allow_remote_regions,
                      const TransportLimits& limits, metrics::SamplerMetrics* metrics = nullptr,
                      const PeerTable* peers = nullptr);
   ~SamplerServiceImpl() override;
-
-  // The unary methods: each call reads its samplerd.v1 request within the receive budget, and
-  // its method runs once the request has arrived and parsed (UnaryCall).
-  using UnaryReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
-  UnaryReactor* Sample(grpc::CallbackServerContext* context);
-  UnaryReactor* RegisterRegion(grpc::CallbackServerContext* context);
-  UnaryReactor* UnregisterRegion(grpc::CallbackServerContext* context);
-  UnaryReactor* ListRegions(grpc::CallbackServerContext* context);
-  UnaryReactor* GetServerInfo(grpc::CallbackServerContext* context);
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* SampleStream(
       grpc::CallbackServerContext* context) override;
@@ -63,21 +55,35 @@ class SamplerServiceImpl final : public RawSamplerService {
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DeviceSession(
       grpc::CallbackServerContext* context) override;
 
-  // The budget the unary methods' requests are received within.
+  // The budget the unary methods' requests are received within (unused without one).
   const ReceiveGate& receive_gate() const { return receive_gate_; }
 
  private:
-  // Registers the unary method `name` as a raw callback stream whose calls `make` creates.
-  void RegisterUnary(const char* name,
-                     std::function<UnaryReactor*(grpc::CallbackServerContext*)> make);
-  // A call (a UnaryCall<Request, Response>) of `method` that runs `serve` once its request has
-  // arrived and parsed; a request that does not parse is answered (and counted)
+  // Registers the unary method `name`, counted as `method`: a raw callback unary method without
+  // a receive budget, a gated raw callback stream with one. Each call parses its request
+  // (Request) and runs serve(context, call) with it, `call` a UnaryCall<Request, Response> or a
+  // GatedUnaryCall<Request, Response>; a request that does not parse is answered (and counted)
   // INVALID_ARGUMENT instead.
+  template <typename Request, typename Response, typename Serve>
+  void AddUnaryMethod(const char* name, metrics::Method method, Serve serve);
+
+  // The unary methods, on a call whose request (call->request) has arrived and parsed; each
+  // answers it through Finish, now or from the core's executor. `Call` is a UnaryCall or a
+  // GatedUnaryCall (AddUnaryMethod).
   template <typename Call>
-  UnaryReactor* StartUnary(grpc::CallbackServerContext* context, metrics::Method method,
-                           std::function<void(Call*)> serve);
-  // Counts `status` for `method`, then answers `call` with it.
-  void Finish(RawUnaryCall* call, metrics::Method method, grpc::Status status);
+  void ServeSample(grpc::CallbackServerContext* context, Call* call);
+  template <typename Call>
+  void ServeRegisterRegion(grpc::CallbackServerContext* context, Call* call);
+  template <typename Call>
+  void ServeUnregisterRegion(grpc::CallbackServerContext* context, Call* call);
+  template <typename Call>
+  void ServeListRegions(grpc::CallbackServerContext* context, Call* call);
+  template <typename Call>
+  void ServeGetServerInfo(grpc::CallbackServerContext* context, Call* call);
+
+  // Counts `status` for `method`, then answers `call` (a UnaryCall or GatedUnaryCall) with it.
+  template <typename Call>
+  void Finish(Call* call, metrics::Method method, grpc::Status status);
   // Recounts the registered regions into the region gauges (after a change).
   void UpdateRegionGauges();
 

@@ -35,7 +35,8 @@ struct ServerOptions {
   int max_message_bytes = 256 << 20;
   // Request bytes received at once before admission (--max_receive_bytes; 0 = no limit, else
   // >= max_message_bytes): a unary call reads its request only while it holds max_message_bytes
-  // of them, and waits for its turn otherwise (receive_gate.h). GetServerInfo reports it.
+  // of them, and waits for its turn otherwise (receive_gate.h). 0: the unary methods are plain
+  // gRPC unary methods, as if there were no gate. GetServerInfo reports it.
   int64_t max_receive_bytes = 0;
   // How long a chunked SampleStream step may take from its first message to its last
   // (--chunk_timeout_ms; > 0): then it fails DEADLINE_EXCEEDED and its reserved bytes are free.
@@ -76,7 +77,8 @@ class SamplerServer {
   const std::vector<std::string>& bound_addresses() const { return bound_; }
   // The health address as bound (port 0 resolved); empty without one.
   std::string health_address() const { return health_ ? health_->bound_address() : ""; }
-  // The budget the unary calls' requests are received within (--max_receive_bytes).
+  // The budget the unary calls' requests are received within (--max_receive_bytes; unused
+  // without one).
   const ReceiveGate& receive_gate() const { return service_.receive_gate(); }
 
   // Stops accepting calls and waits for those in flight until `deadline`, then cancels them;

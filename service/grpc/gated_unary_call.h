@@ -1,11 +1,13 @@
-// UnaryCall: one call of a unary SamplerService method, served as a stream on the server so that
-// its request is read only once the ReceiveGate lets it (receive_gate.h).
+// GatedUnaryCall: one call of a unary SamplerService method, served as a stream on the server
+// so that its request is read only once the ReceiveGate lets it (receive_gate.h). Used only with
+// --max_receive_bytes; without it the unary methods are plain raw unary methods (UnaryCall,
+// raw_message.h) and none of this runs.
 //
 // gRPC 1.51 reads a unary method's whole request before it runs any handler; for a streaming
 // method it reads nothing until the reactor asks. The wire protocol does not say which a method
 // is (one message each way, then the status), so clients see a unary method as before.
-// SamplerServiceImpl registers each unary method this way (MarkMethodStreamed, then
-// MarkMethodRawCallback), and each call:
+// With a budget, SamplerServiceImpl registers each unary method this way (MarkMethodStreamed,
+// then MarkMethodRawCallback), and each call:
 //   1. waits for a share of the gate (FIFO); its unread bytes stay in the client meanwhile;
 //   2. reads one message, parses it (raw_message.h) and frees the received bytes at once, so
 //      that an admitted request holds only its parsed copy;
@@ -16,8 +18,13 @@
 // sends nothing) is answered DEADLINE_EXCEEDED and its share passes on, so that one client
 // cannot hold the budget for ever. A second request message, which only a broken client sends,
 // is never read.
-#ifndef SAMPLERD_SERVICE_GRPC_UNARY_CALL_H_
-#define SAMPLERD_SERVICE_GRPC_UNARY_CALL_H_
+//
+// What it costs: a call is a stream to gRPC, with an extra reaction (the read after the call is
+// set up): +6% p50 round trip for a 128 KB Sample, +9% at 4 MB, on the 2-core VM, measured
+// before the budget-off server went back to plain unary methods
+// (tests/bench/RECEIVE_BURST_RESULTS.md).
+#ifndef SAMPLERD_SERVICE_GRPC_GATED_UNARY_CALL_H_
+#define SAMPLERD_SERVICE_GRPC_GATED_UNARY_CALL_H_
 
 #include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
@@ -33,13 +40,13 @@
 
 namespace samplerd::grpc_transport {
 
-class RawUnaryCall : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
-                     private ReceiveGate::Waiter {
+class RawGatedUnaryCall : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+                          private ReceiveGate::Waiter {
  public:
   // Called once per call that was not cancelled before its message arrived: `parsed` is OK (the
   // request is in the call) or INVALID_ARGUMENT (no message, or one that does not parse: the
   // callee answers it). Runs on a gRPC thread; may reply later, from any thread.
-  using OnRequest = std::function<void(RawUnaryCall* call, const absl::Status& parsed)>;
+  using OnRequest = std::function<void(RawGatedUnaryCall* call, const absl::Status& parsed)>;
 
   // Serializes the response when `status` is OK (a failure to serialize becomes the status),
   // then finishes the call. Called once, from any thread.
@@ -53,13 +60,13 @@ class RawUnaryCall : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byte
  protected:
   // `gate` and `context` must outlive the call. `receive_timeout`: how long the request may take
   // to arrive once its turn came; absl::InfiniteDuration() for no limit.
-  RawUnaryCall(grpc::CallbackServerContext* context, ReceiveGate* gate,
-               absl::Duration receive_timeout, OnRequest on_request)
+  RawGatedUnaryCall(grpc::CallbackServerContext* context, ReceiveGate* gate,
+                    absl::Duration receive_timeout, OnRequest on_request)
       : context_(context),
         gate_(gate),
         receive_timeout_(receive_timeout),
         on_request_(std::move(on_request)) {}
-  ~RawUnaryCall() override = default;
+  ~RawGatedUnaryCall() override = default;
 
   // Takes a share of the gate or queues for one; the most derived constructor calls it last.
   void Start();
@@ -95,12 +102,12 @@ class RawUnaryCall : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::Byte
 };
 
 template <typename Request, typename Response>
-class UnaryCall final : public RawUnaryCall {
+class GatedUnaryCall final : public RawGatedUnaryCall {
  public:
-  // Starts the call (RawUnaryCall); gRPC owns it once the method's handler returns it.
-  UnaryCall(grpc::CallbackServerContext* context, ReceiveGate* gate, absl::Duration receive_timeout,
-            OnRequest on_request)
-      : RawUnaryCall(context, gate, receive_timeout, std::move(on_request)) {
+  // Starts the call (RawGatedUnaryCall); gRPC owns it once the method's handler returns it.
+  GatedUnaryCall(grpc::CallbackServerContext* context, ReceiveGate* gate,
+                 absl::Duration receive_timeout, OnRequest on_request)
+      : RawGatedUnaryCall(context, gate, receive_timeout, std::move(on_request)) {
     Start();
   }
 
@@ -116,4 +123,4 @@ class UnaryCall final : public RawUnaryCall {
 
 }  // namespace samplerd::grpc_transport
 
-#endif  // SAMPLERD_SERVICE_GRPC_UNARY_CALL_H_
+#endif  // SAMPLERD_SERVICE_GRPC_GATED_UNARY_CALL_H_

@@ -1,4 +1,4 @@
-#include "service/grpc/unary_call.h"
+#include "service/grpc/gated_unary_call.h"
 
 #include <string>
 
@@ -6,11 +6,11 @@
 
 namespace samplerd::grpc_transport {
 
-void RawUnaryCall::Start() {
+void RawGatedUnaryCall::Start() {
   if (gate_->Acquire(this)) OnReceiveGranted();
 }
 
-void RawUnaryCall::OnReceiveGranted() {
+void RawGatedUnaryCall::OnReceiveGranted() {
   {
     // Once the read starts, the call may complete and OnDone run on another thread before this
     // function returns (a grant comes from another call's Release): OnDone then leaves the
@@ -41,7 +41,7 @@ void RawUnaryCall::OnReceiveGranted() {
   if (last) delete this;
 }
 
-void RawUnaryCall::OnReceiveDeadline(bool fired) {
+void RawGatedUnaryCall::OnReceiveDeadline(bool fired) {
   bool expire, last;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -65,7 +65,7 @@ void RawUnaryCall::OnReceiveDeadline(bool fired) {
   if (last) delete this;
 }
 
-void RawUnaryCall::OnReadDone(bool ok) {
+void RawGatedUnaryCall::OnReadDone(bool ok) {
   // ok is false for a call half-closed without a message (ParseRequest says so), a message over
   // --max_message_bytes (gRPC has answered RESOURCE_EXHAUSTED already), a cancelled call or one
   // the receive deadline has answered.
@@ -90,13 +90,13 @@ void RawUnaryCall::OnReadDone(bool ok) {
   on_request_(this, parsed);
 }
 
-void RawUnaryCall::OnCancel() {
+void RawGatedUnaryCall::OnCancel() {
   // Still queued: it will never read, so it is finished here. Otherwise its read fails or has
   // completed, and OnReadDone finishes it.
   if (gate_->Cancel(this)) Finish(grpc::Status::CANCELLED);
 }
 
-void RawUnaryCall::OnDone() {
+void RawGatedUnaryCall::OnDone() {
   bool last;
   {
     // gRPC calls OnDone once its own reactions have returned, but a thread that called Finish
@@ -114,7 +114,7 @@ void RawUnaryCall::OnDone() {
   if (last) delete this;
 }
 
-void RawUnaryCall::Reply(grpc::Status status) {
+void RawGatedUnaryCall::Reply(grpc::Status status) {
   if (status.ok()) {
     const absl::Status serialized = SerializeResponse(&raw_response_);
     if (serialized.ok()) {
