@@ -126,10 +126,14 @@ TEST_F(ReceiveBudget, ABurstOfLargeRequestsIsReceivedWithinTheBudgetAndEveryOneI
     EXPECT_TRUE(MentionsAny(statuses[i].error_message(), {"--max_inflight_bytes"}));
   }
   EXPECT_GE(ok, 1);
+  // Not under ASan (kAddressSanitizer): its quarantine keeps every received byte (479 MiB peak
+  // over 67 idle there); the rest of the test runs.
   const int64_t peak = ProcessMemory(pid, "VmHWM");
-  EXPECT_LE(peak - idle, kBoundOverIdle)
-      << "peak RSS " << peak / kMiB << " MiB, idle " << idle / kMiB << " MiB, " << ok << " of "
-      << kRequests << " requests OK";
+  if (!kAddressSanitizer) {
+    EXPECT_LE(peak - idle, kBoundOverIdle)
+        << "peak RSS " << peak / kMiB << " MiB, idle " << idle / kMiB << " MiB, " << ok << " of "
+        << kRequests << " requests OK";
+  }
 
   // The engine's stream, and the server, serve as before.
   ASSERT_TRUE(stream->Write(step) && stream->Read(&answer));

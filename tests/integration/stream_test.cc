@@ -128,21 +128,6 @@ TEST_F(SampleStream, StepAfterCloseFailsWithoutSending) {
   EXPECT_TRUE(session->Close().ok());  // idempotent
 }
 
-// Under ASan freed memory waits in a quarantine (256 MB by default) instead of being reused, so
-// the server's peak RSS grows with every chunk it receives, kept or dropped: the peak says
-// nothing about what the server holds there.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-
 // A server with a small vocabulary limit, to which chunked steps are sent message by message.
 class ChunkedStepLimits : public ServerSuite {
  protected:
