@@ -20,9 +20,9 @@
 // is never read.
 //
 // What it costs: a call is a stream to gRPC, with an extra reaction (the read after the call is
-// set up): +6% p50 round trip for a 128 KB Sample, +9% at 4 MB, on the 2-core VM, measured
-// before the budget-off server went back to plain unary methods
-// (tests/bench/RECEIVE_BURST_RESULTS.md).
+// set up): +6% and +13% p50 round trip for a 128 KB Sample in two measurements on the 2-core VM;
+// at 4 MB +9% and -9%, where the allocator's behaviour dominates
+// (tests/bench/RECEIVE_BURST_RESULTS.md). A server without a budget pays none of it.
 #ifndef SAMPLERD_SERVICE_GRPC_GATED_UNARY_CALL_H_
 #define SAMPLERD_SERVICE_GRPC_GATED_UNARY_CALL_H_
 
