@@ -214,6 +214,9 @@ func TestServerInfo(t *testing.T) {
 	if info.Limits.MaxBatch != 4096 || info.Limits.MaxMessageBytes != samplerd.DefaultMaxMessageBytes {
 		t.Errorf("limits %v, want max_batch 4096 and max_message_bytes %d", info.Limits, samplerd.DefaultMaxMessageBytes)
 	}
+	if info.Limits.MaxRegions != 4096 || info.Limits.MaxRegionBytes != 4<<40 {
+		t.Errorf("limits %v, want max_regions 4096 and max_region_bytes 4 TiB", info.Limits)
+	}
 }
 
 func contains(v []int32, x int32) bool {

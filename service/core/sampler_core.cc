@@ -399,6 +399,7 @@ ServerInfo SamplerCore::Info() const {
   }
   info.limits = options_.limits;
   info.max_region_bytes = options_.regions.max_region_bytes;
+  info.max_regions = options_.regions.max_regions;
   info.device_sessions = sessions_->Support();
   info.device_sessions.mps = UnderMps();
   return info;

@@ -35,6 +35,7 @@ struct ServerInfo {
   std::vector<DeviceInfo> devices;
   Limits limits;
   int64_t max_region_bytes = 0;  // RegionOptions::max_region_bytes (0: no limit)
+  int64_t max_regions = 0;       // RegionOptions::max_regions (0: no limit)
   SessionSupport device_sessions;
 };
 

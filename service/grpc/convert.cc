@@ -207,6 +207,7 @@ void ToProto(const core::ServerInfo& in, const TransportLimits& transport,
   limits->set_max_inflight_bytes(in.limits.max_inflight_bytes);
   limits->set_chunk_timeout_ms(absl::ToInt64Milliseconds(transport.chunk_timeout));
   limits->set_max_region_bytes(in.max_region_bytes);
+  limits->set_max_regions(in.max_regions);
   v1::DeviceSessionSupport* sessions = out->mutable_device_sessions();
   sessions->set_gpu_plane(in.device_sessions.gpu_plane);
   sessions->set_host_plane(in.device_sessions.host_plane);

@@ -125,10 +125,11 @@ SamplerServiceImpl::~SamplerServiceImpl() { core_->regions().SetOwnerExitListene
 void SamplerServiceImpl::UpdateRegionGauges() {
   if (metrics_ == nullptr) return;
   std::lock_guard<std::mutex> lock(regions_gauge_mu_);
-  int64_t host_shm = 0;
-  int64_t gpu_ipc = 0;
+  metrics::RegionTotals host_shm, gpu_ipc;
   for (const core::RegionInfo& info : core_->regions().List()) {
-    ++(info.kind == core::RegionKind::kGpuIpc ? gpu_ipc : host_shm);
+    metrics::RegionTotals& totals = info.kind == core::RegionKind::kGpuIpc ? gpu_ipc : host_shm;
+    ++totals.count;
+    totals.bytes += info.byte_size;
   }
   metrics_->SetRegions(host_shm, gpu_ipc);
 }

@@ -93,6 +93,12 @@ void SamplerMetrics::Register(prometheus::Registry& registry) {
                               "Registered regions, by kind.", registry);
   regions_host_shm_ = &regions.Add({{"kind", "host_shm"}});
   regions_gpu_ipc_ = &regions.Add({{"kind", "gpu_ipc"}});
+  auto& region_bytes = BuildFamily(prometheus::BuildGauge(), "samplerd_region_bytes",
+                                   "Bytes of the registered regions (their byte_size), by kind; "
+                                   "--max_region_bytes bounds their total.",
+                                   registry);
+  region_bytes_host_shm_ = &region_bytes.Add({{"kind", "host_shm"}});
+  region_bytes_gpu_ipc_ = &region_bytes.Add({{"kind", "gpu_ipc"}});
   auto& opens = BuildFamily(prometheus::BuildCounter(), "samplerd_ipc_opens_total",
                             "GPU IPC handles opened through the runtime, by kind (memory, "
                             "event) and result (ok, error); cached reuses are not counted.",
@@ -159,9 +165,11 @@ void SamplerMetrics::CountIpcOpen(IpcOpenKind kind, bool ok) {
   ipc_opens_[kind == IpcOpenKind::kMemory ? 0 : 1][ok ? 0 : 1]->Increment();
 }
 
-void SamplerMetrics::SetRegions(int64_t host_shm, int64_t gpu_ipc) {
-  regions_host_shm_->Set(static_cast<double>(host_shm));
-  regions_gpu_ipc_->Set(static_cast<double>(gpu_ipc));
+void SamplerMetrics::SetRegions(const RegionTotals& host_shm, const RegionTotals& gpu_ipc) {
+  regions_host_shm_->Set(static_cast<double>(host_shm.count));
+  regions_gpu_ipc_->Set(static_cast<double>(gpu_ipc.count));
+  region_bytes_host_shm_->Set(static_cast<double>(host_shm.bytes));
+  region_bytes_gpu_ipc_->Set(static_cast<double>(gpu_ipc.bytes));
 }
 
 std::vector<double> LatencyBucketsSeconds() {

@@ -8,6 +8,7 @@
 //   samplerd_backend_seconds                    histogram time in the backend (kernel, copies)
 //   samplerd_request_duration_seconds           histogram arrival -> result (server side)
 //   samplerd_regions{kind}                      gauge    registered regions, host_shm|gpu_ipc
+//   samplerd_region_bytes{kind}                 gauge    their bytes (byte_size), host_shm|gpu_ipc
 //   samplerd_ipc_opens_total{kind,result}       counter  GPU IPC opens: memory|event, ok|error
 //   samplerd_inflight_requests                  gauge    sampling requests and stream steps
 //                                                        admitted and not yet answered
@@ -65,6 +66,12 @@ inline constexpr int kTransportCount = 3;
 // What an IPC open opened.
 enum class IpcOpenKind { kMemory, kEvent };
 
+// The registered regions of one kind (samplerd_regions, samplerd_region_bytes).
+struct RegionTotals {
+  int64_t count = 0;
+  uint64_t bytes = 0;  // their byte_size, summed
+};
+
 // The labels of samplerd_build_info.
 struct BuildInfo {
   std::string version;
@@ -96,8 +103,8 @@ class SamplerMetrics {
   // One GPU IPC open through the runtime (cache hits are not opens).
   void CountIpcOpen(IpcOpenKind kind, bool ok);
 
-  // The registered regions now.
-  void SetRegions(int64_t host_shm, int64_t gpu_ipc);
+  // The registered regions now, and their bytes.
+  void SetRegions(const RegionTotals& host_shm, const RegionTotals& gpu_ipc);
 
   // Admitted sampling work: +1 when a request or step is admitted, -1 when it is answered.
   void AddInflight(int64_t delta) { inflight_->Increment(static_cast<double>(delta)); }
@@ -126,6 +133,8 @@ class SamplerMetrics {
   prometheus::Histogram* total_ = nullptr;
   prometheus::Gauge* regions_host_shm_ = nullptr;
   prometheus::Gauge* regions_gpu_ipc_ = nullptr;
+  prometheus::Gauge* region_bytes_host_shm_ = nullptr;
+  prometheus::Gauge* region_bytes_gpu_ipc_ = nullptr;
   std::array<std::array<prometheus::Counter*, 2>, 2> ipc_opens_{};  // [memory, event][ok, error]
   prometheus::Gauge* inflight_ = nullptr;
   prometheus::Gauge* inflight_bytes_ = nullptr;

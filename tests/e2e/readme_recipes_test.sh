@@ -23,7 +23,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/e2e_lib.sh"
 # Fragments (whitespace removed) each JSON recipe's output must contain.
 declare -A JSON_CHECKS=(
   [health]='"status":"SERVING"'
-  [server-info]='"backend":"BACKEND_CPU" "version":" "maxInflight":"256" "chunkTimeoutMs":"10000" "maxRegionBytes":"4398046511104"'
+  [server-info]='"backend":"BACKEND_CPU" "version":" "maxInflight":"256" "chunkTimeoutMs":"10000" "maxRegionBytes":"4398046511104" "maxRegions":"4096"'
   [sample]='"tokenIds":[2,0] "rowStatus":["ROW_STATUS_OK","ROW_STATUS_OK"]'
   [sample-seeded]='"requestId":"step-7" "tokenIds":[2] "seeds":["42"] "sampledRank":"1" "topTokenIds":[2,3]'
 )

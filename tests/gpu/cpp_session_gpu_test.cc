@@ -169,7 +169,7 @@ v1::SampleRequest UnaryRequest(const Step& s) {
   }
   v1::SampleRequest request = MakeFp32Request(s.logits.data(), s.batch, kVocab, rows);
   SetTokenBitmask(s.mask.data(), s.batch, kVocab, &request);
-  SetLogitBias(s.rows.logit_bias, &request);
+  EXPECT_TRUE(SetLogitBias(s.rows.logit_bias, &request).ok());
   EXPECT_TRUE(SetTokenHistory(s.rows.prompt_token_ids, s.rows.output_token_ids, &request).ok());
   return request;
 }

@@ -201,6 +201,7 @@ TEST(ToProto, DescribesTheServer) {
   info.limits.max_inflight = 7;
   info.limits.max_inflight_bytes = 1 << 30;
   info.max_region_bytes = int64_t{3} << 40;
+  info.max_regions = 17;
   v1::GetServerInfoResponse out;
   ToProto(info,
           TransportLimits{/*max_message_bytes=*/4 << 20, /*max_receive_bytes=*/12 << 20,
@@ -218,6 +219,7 @@ TEST(ToProto, DescribesTheServer) {
   EXPECT_EQ(out.limits().max_inflight_bytes(), 1 << 30);
   EXPECT_EQ(out.limits().chunk_timeout_ms(), 2500);
   EXPECT_EQ(out.limits().max_region_bytes(), int64_t{3} << 40);
+  EXPECT_EQ(out.limits().max_regions(), 17);
 }
 
 TEST(ToProto, DescribesDeviceSessionSupport) {

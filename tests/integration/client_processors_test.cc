@@ -51,7 +51,7 @@ TEST(ClientProcessors, BitmaskWordsAreCopiedInlineAsLittleEndianBytes) {
 
 TEST(ClientProcessors, LogitBiasIsPackedPerRowInTokenOrder) {
   v1::SampleRequest request;
-  SetLogitBias({{{1, 0.5f}}, {}, {{3, -3.0f}, {2, 2.0f}}}, &request);
+  ASSERT_TRUE(SetLogitBias({{{1, 0.5f}}, {}, {{3, -3.0f}, {2, 2.0f}}}, &request).ok());
   const v1::LogitBias& bias = request.logit_bias();
   EXPECT_EQ(std::vector<uint32_t>(bias.row_offsets().begin(), bias.row_offsets().end()),
             (std::vector<uint32_t>{0, 1, 1, 3}));
@@ -59,7 +59,7 @@ TEST(ClientProcessors, LogitBiasIsPackedPerRowInTokenOrder) {
             (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(std::vector<float>(bias.biases().begin(), bias.biases().end()),
             (std::vector<float>{0.5f, 2.0f, -3.0f}));
-  SetLogitBias(TokenBias{{7, kInf}}, 3, &request);  // replaces the earlier bias
+  ASSERT_TRUE(SetLogitBias(TokenBias{{7, kInf}}, 3, &request).ok());  // replaces the earlier bias
   EXPECT_EQ(request.logit_bias().row_offsets_size(), 4);
   EXPECT_EQ(request.logit_bias().token_ids_size(), 3);
 }
@@ -123,7 +123,7 @@ TEST(ClientProcessors, PackedListsAreTheInlineListsOfTheSameInputs) {
   const std::vector<TokenBias> rows = {{{4, 1.0f}, {3, -1.0f}}, {}, {{0, 0.25f}}};
   const std::vector<std::vector<int32_t>> prompt = {{1, 1}, {}, {7}}, output = {{7, 1}, {2, 2}, {}};
   v1::SampleRequest request;
-  SetLogitBias(rows, &request);
+  ASSERT_TRUE(SetLogitBias(rows, &request).ok());
   ASSERT_TRUE(SetTokenHistory(prompt, output, &request).ok());
   EXPECT_EQ(PackLogitBias(rows), PackLists(request.logit_bias()));
   std::vector<uint8_t> packed;
@@ -164,9 +164,40 @@ TEST(ClientProcessors, TokenHistoryWithAnotherNumberOfRowsIsRefusedAndLeavesTheR
   EXPECT_EQ(packed, std::vector<uint8_t>{7});
 }
 
+// Regression (outside tester): SetLogitBias took any number of rows, so a bias for rows past
+// the batch (or a broadcast over another `batch`, or a negative one) built a request with the
+// wrong row_offsets and only the server's answer said so. Now it is refused like a token history
+// of the wrong length, and the request is left as it was.
+TEST(ClientProcessors, LogitBiasForAnotherNumberOfRowsIsRefusedAndLeavesTheRequest) {
+  const std::vector<float> values(3 * 4, 0.0f);
+  v1::SampleRequest request = MakeFp32Request(values.data(), 3, 4, {Greedy()});
+  ASSERT_TRUE(SetLogitBias({{{1, 1.0f}}, {}, {{2, -1.0f}}}, &request).ok());
+  const std::string before = request.SerializeAsString();
+  grpc::Status status = SetLogitBias({{}, {}, {}, {{3, 2.0f}}}, &request);  // row 3 of B = 3
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "expected logit bias for B = 3 rows, got 4");
+  status = SetLogitBias({{{1, 1.0f}}}, &request);  // fewer rows
+  EXPECT_EQ(status.error_message(), "expected logit bias for B = 3 rows, got 1");
+  status = SetLogitBias(TokenBias{{1, 1.0f}}, 4, &request);  // broadcast over another batch
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "expected logit bias for B = 3 rows, got 4");
+  EXPECT_EQ(request.SerializeAsString(), before);
+  ASSERT_TRUE(SetLogitBias(TokenBias{{1, 1.0f}}, 3, &request).ok());
+  EXPECT_EQ(request.logit_bias().row_offsets_size(), 4);
+
+  // Without logits (e.g. lists for a region) any number of rows is taken, but never fewer than 0.
+  v1::SampleRequest bare;
+  EXPECT_TRUE(SetLogitBias({{}, {{3, 1.0f}}}, &bare).ok());
+  EXPECT_EQ(bare.logit_bias().row_offsets_size(), 3);
+  status = SetLogitBias(TokenBias{{1, 1.0f}}, -1, &bare);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "expected logit bias for B >= 0 rows, got -1");
+  EXPECT_EQ(bare.logit_bias().row_offsets_size(), 3);
+}
+
 TEST(ClientProcessors, ListRegionsNameTheSliceAndReplaceInlineLists) {
   v1::SampleRequest request;
-  SetLogitBias(TokenBias{{1, 1.0f}}, 2, &request);
+  ASSERT_TRUE(SetLogitBias(TokenBias{{1, 1.0f}}, 2, &request).ok());
   ASSERT_TRUE(SetTokenHistory({}, {{1}, {2}}, &request).ok());
   SetLogitBiasRegion("lists", 8, &request);
   SetTokenHistoryRegion("lists", 1024, &request);
@@ -180,7 +211,8 @@ TEST(ClientProcessors, ListRegionsNameTheSliceAndReplaceInlineLists) {
                 request.token_history().output_counts_size() +
                 request.token_history().in_prompt_size(),
             0);
-  SetLogitBias({{}, {{3, 1.0f}}}, &request);  // inline lists after a region drop the region
+  // Inline lists after a region drop the region.
+  ASSERT_TRUE(SetLogitBias({{}, {{3, 1.0f}}}, &request).ok());
   ASSERT_TRUE(SetTokenHistory({{5}, {}}, {}, &request).ok());
   EXPECT_FALSE(request.logit_bias().has_region());
   EXPECT_EQ(request.logit_bias().token_ids_size(), 1);
@@ -214,7 +246,7 @@ TEST_F(ClientProcessorsOverUds, ListsInAHostShmRegionGiveTheInlineTokensAndLogpr
   inline_request.mutable_logprobs()->set_top_n(3);
   inline_request.mutable_logprobs()->set_source(v1::LOGPROB_SOURCE_PROCESSED);
   v1::SampleRequest plain = inline_request;
-  SetLogitBias(bias, &inline_request);
+  ASSERT_TRUE(SetLogitBias(bias, &inline_request).ok());
   ASSERT_TRUE(SetTokenHistory(prompt, output, &inline_request).ok());
   v1::SampleResponse want;
   grpc::Status status = client_->Sample(inline_request, &want);
@@ -283,7 +315,7 @@ TEST_F(ClientProcessorsOverUds, BitmaskAllowingOneTokenAlwaysGivesThatToken) {
 TEST_F(ClientProcessorsOverUds, InfiniteBiasForcesAndBansTokens) {
   const std::vector<float> values = {0, 3, 1, 0, 3, 1};
   v1::SampleRequest request = MakeFp32Request(values.data(), 2, 3, {Greedy()});
-  SetLogitBias({{{0, kInf}}, {{1, -kInf}}}, &request);
+  ASSERT_TRUE(SetLogitBias({{{0, kInf}}, {{1, -kInf}}}, &request).ok());
   v1::SampleResponse response;
   const grpc::Status status = client_->Sample(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();

@@ -80,7 +80,7 @@ v1::SampleRequest UnaryRequest(const Logits& logits, const std::vector<v1::Sampl
   }
   v1::SampleRequest request = logits.Request(rows);
   SetTokenBitmask(s.mask.data(), logits.batch, kVocab, &request);
-  SetLogitBias(s.rows.logit_bias, &request);
+  EXPECT_TRUE(SetLogitBias(s.rows.logit_bias, &request).ok());
   EXPECT_TRUE(SetTokenHistory(s.rows.prompt_token_ids, s.rows.output_token_ids, &request).ok());
   return request;
 }

@@ -1,12 +1,17 @@
 // Limits of the real binary: --max_inflight answers RESOURCE_EXHAUSTED at once and keeps
 // serving; a request whose deadline passes while it is queued is answered DEADLINE_EXCEEDED
-// without being sampled. The server's own counters (/metrics) show what happened inside.
+// without being sampled; lists in regions are bounded like inline ones, logits in regions by
+// --max_batch and --max_vocab only. The server's own counters (/metrics) show what happened
+// inside.
 //
 // The CPU backend on one thread makes a 64 x 32,000 request take ~0.2 s (tests/bench/RESULTS.md:
 // ~3.4 ms per 32k row), the window in which the other requests arrive. The tests wait for the
 // server to report it in flight (samplerd_inflight_requests) before sending them.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <future>
 #include <limits>
@@ -199,6 +204,60 @@ TEST_F(RegionListBytes, AListPastMaxMessageBytesIsResourceExhaustedAndTheServerK
   ASSERT_TRUE(ok.ok()) << ok.error_message();
   EXPECT_EQ(Tokens(response), (std::vector<int32_t>{17}));
   EXPECT_TRUE(client_->Unregister("lists").ok());
+}
+
+// Logits in a region are read where they are, not received: --max_batch and --max_vocab bound
+// them (B x row_stride elements, the stride at most 16 x --max_vocab), --max_message_bytes does
+// not, so an engine can sample a batch larger than any message. The CPU backend copies host shm
+// logits out a block of rows at a time, each row's V elements only. It used to copy the whole
+// B x row_stride span at once: a valid [4096, 16] fp32 request with row_stride 64Mi (16 x the
+// default --max_vocab) over a sparse 1 TiB object allocated 1 TiB, and std::bad_alloc aborted
+// the server.
+class RegionLogits : public Limits {
+ protected:
+  static void SetUpTestSuite() { StartWith("--max_message_bytes=65536"); }
+};
+
+TEST_F(RegionLogits, AWideStrideOverASparseObjectIsSampledAndTheServerKeepsServing) {
+  constexpr int64_t kBatch = 4096, kVocab = 16;
+  constexpr int64_t kStride = int64_t{16} << 22;        // 16 x the default --max_vocab (4Mi)
+  constexpr uint64_t kObjectBytes = uint64_t{1} << 40;  // >= ((B - 1) x stride + V) x 4
+  const std::string key = "/samplerd-it-" + std::to_string(getpid()) + "-wide";
+  const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  bool written = ftruncate(fd, static_cast<off_t>(kObjectBytes)) == 0;  // no pages: sparse
+  // Row r's logits are zeros but for a 1 at token r % V, its greedy token.
+  const float one = 1.0f;
+  for (int64_t r = 0; written && r < kBatch; ++r) {
+    const off_t at = static_cast<off_t>((r * kStride + r % kVocab) * 4);
+    written = pwrite(fd, &one, sizeof(one), at) == static_cast<ssize_t>(sizeof(one));
+  }
+  close(fd);
+  if (!written) {
+    shm_unlink(key.c_str());
+    GTEST_SKIP() << "this /dev/shm cannot hold a sparse 1 TiB object";
+  }
+  const grpc::Status registered = client_->RegisterHostShm("wide", key, 0, kObjectBytes);
+  ASSERT_TRUE(registered.ok()) << registered.error_message();
+
+  v1::SampleRequest request =
+      MakeRegionRequest("wide", 0, v1::DTYPE_FP32, kBatch, kVocab, {Greedy()});
+  request.mutable_logits()->set_row_stride(kStride);
+  v1::SampleResponse response;
+  const grpc::Status sampled = client_->Sample(request, &response);
+  ASSERT_TRUE(sampled.ok()) << sampled.error_message();
+  std::vector<int32_t> expected(kBatch);
+  for (int64_t r = 0; r < kBatch; ++r) expected[r] = static_cast<int32_t>(r % kVocab);
+  EXPECT_EQ(Tokens(response), expected);
+
+  // The same logits inline (256 KiB) are past --max_message_bytes; the server keeps serving.
+  const Logits dense = RandomLogits(kBatch, kVocab, /*seed=*/72);
+  EXPECT_EQ(client_->Sample(dense.Request({Greedy()}), &response).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  v1::GetServerInfoResponse info;
+  EXPECT_TRUE(client_->GetServerInfo(&info).ok());
+  EXPECT_TRUE(client_->Unregister("wide").ok());
+  shm_unlink(key.c_str());
 }
 
 TEST(LimitFlags, NegativeMaxInflightFailsStartupWithExitCode2) {

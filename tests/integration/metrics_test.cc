@@ -44,8 +44,9 @@ TEST_F(Metrics, ScrapeHasEveryFamilyAndTheBuildInfo) {
         "# TYPE samplerd_input_bytes_total counter", "# TYPE samplerd_queue_wait_seconds histogram",
         "# TYPE samplerd_backend_seconds histogram",
         "# TYPE samplerd_request_duration_seconds histogram", "# TYPE samplerd_regions gauge",
-        "# TYPE samplerd_ipc_opens_total counter", "# TYPE samplerd_inflight_requests gauge",
-        "# TYPE samplerd_inflight_bytes gauge", "# TYPE samplerd_build_info gauge"}) {
+        "# TYPE samplerd_region_bytes gauge", "# TYPE samplerd_ipc_opens_total counter",
+        "# TYPE samplerd_inflight_requests gauge", "# TYPE samplerd_inflight_bytes gauge",
+        "# TYPE samplerd_build_info gauge"}) {
     EXPECT_TRUE(MentionsAny(text, {type})) << type;
   }
   EXPECT_EQ(SeriesValue(text, "samplerd_build_info{backend=\"cpu\",version=\"0.1.0\"}"), 1);
@@ -115,6 +116,8 @@ TEST_F(Metrics, HostShmRegionsAreCountedByKindAndTheirBytesByTransport) {
   const std::string registered = ScrapeMetrics(port_);
   EXPECT_EQ(SeriesValue(registered, "samplerd_regions{kind=\"host_shm\"}"), 1);
   EXPECT_EQ(SeriesValue(registered, "samplerd_regions{kind=\"gpu_ipc\"}"), 0);
+  EXPECT_EQ(SeriesValue(registered, "samplerd_region_bytes{kind=\"host_shm\"}"), 4096);
+  EXPECT_EQ(SeriesValue(registered, "samplerd_region_bytes{kind=\"gpu_ipc\"}"), 0);
 
   v1::SampleRequest request = MakeRegionRequest("metrics", 0, v1::DTYPE_FP32, 4, 8);
   *request.add_params() = Greedy();
@@ -128,6 +131,7 @@ TEST_F(Metrics, HostShmRegionsAreCountedByKindAndTheirBytesByTransport) {
             static_cast<double>(bytes));
   EXPECT_EQ(Delta(before, after, "samplerd_input_bytes_total{transport=\"inline\"}"), 0);
   EXPECT_EQ(SeriesValue(after, "samplerd_regions{kind=\"host_shm\"}"), 0);
+  EXPECT_EQ(SeriesValue(after, "samplerd_region_bytes{kind=\"host_shm\"}"), 0);
   EXPECT_EQ(Requests(after, "RegisterRegion", "OK") - Requests(before, "RegisterRegion", "OK"), 1);
   EXPECT_EQ(Requests(after, "UnregisterRegion", "OK") - Requests(before, "UnregisterRegion", "OK"),
             1);

@@ -199,7 +199,9 @@ TEST_F(RegionOwner, KilledProducersRegionsAreGoneWithinOneSecondWithTheirMapping
     EXPECT_TRUE(r.owner_watched()) << r.name();
   }
   for (const auto& object : objects) EXPECT_EQ(Mappings(server_pid, object->key()), 1);
-  EXPECT_EQ(SeriesValue(ScrapeMetrics(port_), "samplerd_regions{kind=\"host_shm\"}"), 3);
+  const std::string registered = ScrapeMetrics(port_);
+  EXPECT_EQ(SeriesValue(registered, "samplerd_regions{kind=\"host_shm\"}"), 3);
+  EXPECT_EQ(SeriesValue(registered, "samplerd_region_bytes{kind=\"host_shm\"}"), 3 * 65536);
   EXPECT_GT(FdCount(server_pid), baseline_fds_);  // the producer's connection and its pidfd
 
   producer.Kill();
@@ -219,8 +221,9 @@ TEST_F(RegionOwner, KilledProducersRegionsAreGoneWithinOneSecondWithTheirMapping
   // The region gauge follows releases the client did not ask for (recounted just after them).
   EXPECT_LE(WaitFor(
                 [&] {
-                  return SeriesValue(ScrapeMetrics(port_), "samplerd_regions{kind=\"host_shm\"}") ==
-                         0;
+                  const std::string text = ScrapeMetrics(port_);
+                  return SeriesValue(text, "samplerd_regions{kind=\"host_shm\"}") == 0 &&
+                         SeriesValue(text, "samplerd_region_bytes{kind=\"host_shm\"}") == 0;
                 },
                 milliseconds(1000)),
             milliseconds(1000));

@@ -38,6 +38,16 @@ std::string UniqueKey(const std::string& tag) {
   return "/samplerd-it-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" + tag;
 }
 
+// Starts a CPU server with `flag` added, which must fail; returns what ServerProcess::Start
+// said.
+std::string StartupErrorWith(const std::string& flag) {
+  ServerProcess::Options options = CpuServerOptions();
+  options.extra_args.push_back(flag);
+  std::string error;
+  EXPECT_EQ(ServerProcess::Start(options, &error), nullptr) << flag;
+  return error;
+}
+
 class Regions : public ServerSuite {
  protected:
   void SetUp() override {
@@ -64,6 +74,13 @@ class Regions : public ServerSuite {
   }
 
   static std::vector<v1::SamplingParams> Params() { return {TopKTopP(17)}; }
+
+  // Starts the suite's CPU server with `flag` added (from a subclass's SetUpTestSuite).
+  static void StartWithFlag(const std::string& flag) {
+    ServerProcess::Options options = CpuServerOptions();
+    options.extra_args.push_back(flag);
+    StartServer(options);
+  }
 
   Logits logits_;
   std::unique_ptr<HostShmBuffer> shm_;
@@ -493,11 +510,7 @@ TEST_F(Regions, ASecondSparse4TiBRegionIsResourceExhaustedAndTheServerKeepsServi
 class RegionsWithMaxBytes : public Regions {
  protected:
   static constexpr int64_t kMaxBytes = 2 * (kObjectBytes - kRegionOffset);
-  static void SetUpTestSuite() {
-    ServerProcess::Options options = CpuServerOptions();
-    options.extra_args.push_back("--max_region_bytes=" + std::to_string(kMaxBytes));
-    StartServer(options);
-  }
+  static void SetUpTestSuite() { StartWithFlag("--max_region_bytes=" + std::to_string(kMaxBytes)); }
 };
 
 TEST_F(RegionsWithMaxBytes, OneRegionPastTheTotalIsResourceExhaustedUntilOneIsUnregistered) {
@@ -534,12 +547,42 @@ TEST_F(RegionsWithMaxBytes, OneRegionPastTheTotalIsResourceExhaustedUntilOneIsUn
   EXPECT_EQ(client_->RegisterHostShm("d", shm_->key(), 0, 1).error_code(), C::RESOURCE_EXHAUSTED);
 }
 
+// ---- --max_regions -----------------------------------------------------------------------------
+
+// A server that takes two regions at once.
+class RegionsWithMaxRegions : public Regions {
+ protected:
+  static void SetUpTestSuite() { StartWithFlag("--max_regions=2"); }
+};
+
+// GetServerInfo reports --max_regions (limits.max_regions, field 11), so a client can size its
+// region cache before it is refused; it used to report nothing.
+TEST_F(RegionsWithMaxRegions, GetServerInfoReportsItAndAThirdRegionIsResourceExhausted) {
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(client_->GetServerInfo(&info).ok());
+  EXPECT_EQ(info.limits().max_regions(), 2);
+  ASSERT_TRUE(RegisterLogits("a").ok());
+  ASSERT_TRUE(RegisterLogits("b").ok());
+  const grpc::Status refused = RegisterLogits("c");
+  EXPECT_EQ(refused.error_code(), C::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.error_message(),
+            "expected at most 2 registered regions (--max_regions), got a request for one more: "
+            "unregister regions that are no longer used");
+
+  // The server keeps serving, and unregistering makes room.
+  v1::SampleResponse response;
+  EXPECT_TRUE(client_->Sample(logits_.Request(Params()), &response).ok());
+  ASSERT_TRUE(client_->Unregister("a").ok());
+  EXPECT_TRUE(RegisterLogits("c").ok());
+}
+
+TEST(MaxRegionsFlag, ANegativeValueFailsStartup) {
+  const std::string error = StartupErrorWith("--max_regions=-1");
+  EXPECT_TRUE(MentionsAny(error, {"expected --max_regions >= 0 (0 = no limit), got -1"})) << error;
+}
+
 TEST(MaxRegionBytesFlag, ANegativeValueFailsStartup) {
-  ServerProcess::Options options = CpuServerOptions();
-  options.extra_args.push_back("--max_region_bytes=-1");
-  std::string error;
-  std::unique_ptr<ServerProcess> server = ServerProcess::Start(options, &error);
-  EXPECT_EQ(server, nullptr);
+  const std::string error = StartupErrorWith("--max_region_bytes=-1");
   EXPECT_TRUE(MentionsAny(error, {"expected --max_region_bytes >= 0 (0 = no limit), got -1"}))
       << error;
 }
@@ -548,11 +591,7 @@ TEST(MaxRegionBytesFlag, ANegativeValueFailsStartup) {
 
 class RegionsWithAnotherPrefix : public Regions {
  protected:
-  static void SetUpTestSuite() {
-    ServerProcess::Options options = CpuServerOptions();
-    options.extra_args.push_back("--shm_prefix=/engine7-");
-    StartServer(options);
-  }
+  static void SetUpTestSuite() { StartWithFlag("--shm_prefix=/engine7-"); }
 };
 
 TEST_F(RegionsWithAnotherPrefix, OnlyKeysWithThatPrefixAreAccepted) {
@@ -567,10 +606,7 @@ TEST_F(RegionsWithAnotherPrefix, OnlyKeysWithThatPrefixAreAccepted) {
 }
 
 TEST(ShmPrefixFlag, AnUnsafePrefixFailsStartup) {
-  ServerProcess::Options options = CpuServerOptions();
-  options.extra_args.push_back("--shm_prefix=/a/b");
-  std::string error;
-  EXPECT_EQ(ServerProcess::Start(options, &error), nullptr);
+  const std::string error = StartupErrorWith("--shm_prefix=/a/b");
   EXPECT_TRUE(MentionsAny(error, {"status 2"}));
   EXPECT_TRUE(MentionsAny(error, {"--shm_prefix"}));
 }

@@ -44,7 +44,7 @@ TEST_F(SamplerMetricsTest, EveryFamilyHasHelpAndTypeOnceItHasASeries) {
        {"samplerd_requests_total counter", "samplerd_rows_sampled_total counter",
         "samplerd_input_bytes_total counter", "samplerd_queue_wait_seconds histogram",
         "samplerd_backend_seconds histogram", "samplerd_request_duration_seconds histogram",
-        "samplerd_regions gauge", "samplerd_ipc_opens_total counter",
+        "samplerd_regions gauge", "samplerd_region_bytes gauge", "samplerd_ipc_opens_total counter",
         "samplerd_inflight_requests gauge", "samplerd_inflight_bytes gauge",
         "samplerd_build_info gauge"}) {
     EXPECT_THAT(text, HasSubstr(std::string("# TYPE ") + family + "\n")) << family;
@@ -58,6 +58,8 @@ TEST_F(SamplerMetricsTest, KnownLabelSetsStartAtZero) {
   EXPECT_THAT(text, HasSubstr("samplerd_input_bytes_total{transport=\"host_shm\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_input_bytes_total{transport=\"gpu_ipc\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_regions{kind=\"host_shm\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_region_bytes{kind=\"host_shm\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_region_bytes{kind=\"gpu_ipc\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_ipc_opens_total{kind=\"event\",result=\"error\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_inflight_requests 0\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_inflight_bytes 0\n"));
@@ -108,7 +110,7 @@ TEST_F(SamplerMetricsTest, LatenciesLandInTheirHistograms) {
 }
 
 TEST_F(SamplerMetricsTest, GaugesFollowRegionsInflightAndBuildInfo) {
-  metrics_->SetRegions(3, 1);
+  metrics_->SetRegions({3, 12288}, {1, uint64_t{1} << 40});
   metrics_->AddInflight(2);
   metrics_->AddInflight(-1);
   metrics_->AddInflightBytes(4096);
@@ -119,6 +121,8 @@ TEST_F(SamplerMetricsTest, GaugesFollowRegionsInflightAndBuildInfo) {
   const std::string text = Text();
   EXPECT_THAT(text, HasSubstr("samplerd_regions{kind=\"host_shm\"} 3\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_regions{kind=\"gpu_ipc\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_region_bytes{kind=\"host_shm\"} 12288\n"));
+  EXPECT_THAT(text, HasSubstr("samplerd_region_bytes{kind=\"gpu_ipc\"} 1099511627776\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_inflight_requests 1\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_inflight_bytes 3072\n"));
   EXPECT_THAT(text, HasSubstr("samplerd_ipc_opens_total{kind=\"memory\",result=\"ok\"} 1\n"));

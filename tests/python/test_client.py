@@ -50,6 +50,7 @@ class ClientTest(unittest.TestCase):
         info = self.client.server_info()
         self.assertEqual(info.backend, samplerd.v1.sampler_pb2.BACKEND_CPU)
         self.assertGreater(info.limits.max_batch, 0)
+        self.assertEqual(info.limits.max_regions, 4096)  # --max_regions' default
         self.assertTrue(info.version)
 
     def test_greedy_matches_argmax(self):

@@ -23,6 +23,21 @@ grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
 }
 
+// The batch B of `request` when its logits' shape is set (MakeFp32Request, MakeRegionRequest),
+// else -1.
+int64_t BatchOf(const v1::SampleRequest& request) {
+  return request.has_logits() && request.logits().shape_size() > 0 ? request.logits().shape(0) : -1;
+}
+
+// OK when a logit bias of `rows` rows fits a request of `batch` rows (< 0: not known yet, any
+// count >= 0), else INVALID_ARGUMENT: a bias for another number of rows is malformed.
+grpc::Status CheckBiasRows(int64_t rows, int64_t batch) {
+  if (rows >= 0 && (batch < 0 || rows == batch)) return grpc::Status::OK;
+  return Invalid("expected logit bias for B " +
+                 (batch >= 0 ? "= " + std::to_string(batch) : std::string(">= 0")) + " rows, got " +
+                 std::to_string(rows));
+}
+
 // The number of rows of a token history of `prompt` and `output` into *rows: the size of the
 // vectors given (either may be empty: no tokens of it in any row). INVALID_ARGUMENT when a
 // non-empty vector has another number of rows than the other one, or than `batch` when known
@@ -74,6 +89,19 @@ void FillTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
   }
 }
 
+// Sets *out to the lists of `rows`: each row's tokens in increasing order (TokenBias is ordered).
+void FillLogitBias(const std::vector<TokenBias>& rows, v1::LogitBias* out) {
+  out->Clear();
+  out->add_row_offsets(0);
+  for (const TokenBias& row : rows) {
+    for (const auto& [token, bias] : row) {
+      out->add_token_ids(token);
+      out->add_biases(bias);
+    }
+    out->add_row_offsets(static_cast<uint32_t>(out->token_ids_size()));
+  }
+}
+
 }  // namespace
 
 void SetTokenBitmask(const int32_t* words, int64_t batch, int64_t vocab,
@@ -90,31 +118,26 @@ void SetTokenBitmaskRegion(const std::string& region, uint64_t offset, v1::Sampl
   slice->set_offset(offset);
 }
 
-void SetLogitBias(const std::vector<TokenBias>& rows, v1::SampleRequest* request) {
-  v1::LogitBias* out = request->mutable_logit_bias();
-  out->Clear();
-  out->add_row_offsets(0);
-  for (const TokenBias& row : rows) {
-    for (const auto& [token, bias] : row) {
-      out->add_token_ids(token);
-      out->add_biases(bias);
-    }
-    out->add_row_offsets(static_cast<uint32_t>(out->token_ids_size()));
-  }
+grpc::Status SetLogitBias(const std::vector<TokenBias>& rows, v1::SampleRequest* request) {
+  const grpc::Status status = CheckBiasRows(static_cast<int64_t>(rows.size()), BatchOf(*request));
+  if (!status.ok()) return status;
+  FillLogitBias(rows, request->mutable_logit_bias());
+  return grpc::Status::OK;
 }
 
-void SetLogitBias(const TokenBias& bias, int64_t batch, v1::SampleRequest* request) {
-  SetLogitBias(std::vector<TokenBias>(static_cast<size_t>(std::max<int64_t>(batch, 0)), bias),
-               request);
+grpc::Status SetLogitBias(const TokenBias& bias, int64_t batch, v1::SampleRequest* request) {
+  const grpc::Status status = CheckBiasRows(batch, BatchOf(*request));
+  if (!status.ok()) return status;
+  FillLogitBias(std::vector<TokenBias>(static_cast<size_t>(batch), bias),
+                request->mutable_logit_bias());
+  return grpc::Status::OK;
 }
 
 grpc::Status SetTokenHistory(const std::vector<std::vector<int32_t>>& prompt,
                              const std::vector<std::vector<int32_t>>& output,
                              v1::SampleRequest* request) {
-  const bool has_batch = request->has_logits() && request->logits().shape_size() > 0;
   size_t rows = 0;
-  const grpc::Status status =
-      HistoryRows(prompt, output, has_batch ? request->logits().shape(0) : -1, &rows);
+  const grpc::Status status = HistoryRows(prompt, output, BatchOf(*request), &rows);
   if (!status.ok()) return status;
   FillTokenHistory(prompt, output, rows, request->mutable_token_history());
   return grpc::Status::OK;
@@ -160,9 +183,9 @@ std::vector<uint8_t> PackLists(const v1::TokenHistory& history) {
 }
 
 std::vector<uint8_t> PackLogitBias(const std::vector<TokenBias>& rows) {
-  v1::SampleRequest request;
-  SetLogitBias(rows, &request);
-  return PackLists(request.logit_bias());
+  v1::LogitBias bias;
+  FillLogitBias(rows, &bias);
+  return PackLists(bias);
 }
 
 grpc::Status PackTokenHistory(const std::vector<std::vector<int32_t>>& prompt,

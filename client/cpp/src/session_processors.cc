@@ -82,11 +82,12 @@ grpc::Status PackSessionProcessors(const DeviceSessionOptions& options, int batc
   v1::SampleRequest lists;  // the unary helpers build the sorted per-row lists
   std::vector<TokenBias> bias = rows.logit_bias;
   bias.resize(static_cast<size_t>(batch));
-  SetLogitBias(bias, &lists);
+  grpc::Status status = SetLogitBias(bias, &lists);  // `lists` has no logits shape: OK
+  if (!status.ok()) return status;
   std::vector<std::vector<int32_t>> prompt = rows.prompt_token_ids, output = rows.output_token_ids;
   prompt.resize(static_cast<size_t>(batch));
   output.resize(static_cast<size_t>(batch));
-  grpc::Status status = SetTokenHistory(prompt, output, &lists);  // batch rows each: OK
+  status = SetTokenHistory(prompt, output, &lists);  // batch rows each: OK
   if (!status.ok()) return status;
 
   const v1::LogitBias& b = lists.logit_bias();

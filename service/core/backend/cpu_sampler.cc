@@ -1,5 +1,6 @@
 #include "service/core/backend/cpu_sampler.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -7,11 +8,55 @@
 
 #include "kernels/cpu/cpu_sampler.h"
 #include "service/core/backend/guarded_copy.h"
+#include "service/core/model/status_macros.h"
 #include "service/core/model/validated_batch.h"
 
 namespace samplerd::core {
+namespace {
 
-CpuSampler::CpuSampler(int threads) : pool_(threads) {
+// `args` narrowed to its rows [first, first + count): every per-row pointer moved to row
+// `first` (the kernel indexes them all by row), the logits left to the caller. The adjust
+// offsets index the whole `adjusts` array, so they move and it stays.
+kernels::SampleArgs RowsOf(const kernels::SampleArgs& args, int64_t first, int64_t count) {
+  kernels::SampleArgs rows = args;
+  rows.batch = count;
+  if (args.params_count != 1) {
+    rows.params += first;
+    rows.params_count = count;
+  }
+  rows.token_ids += first;
+  rows.status += first;
+  if (rows.sampled_logprob != nullptr) rows.sampled_logprob += first;
+  if (rows.sampled_rank != nullptr) rows.sampled_rank += first;
+  if (args.top_logprobs > 0) {
+    if (rows.top_ids != nullptr) rows.top_ids += first * args.top_logprobs;
+    if (rows.top_values != nullptr) rows.top_values += first * args.top_logprobs;
+  }
+  if (rows.allowed_bitmask != nullptr) rows.allowed_bitmask += first * args.bitmask_words;
+  if (rows.adjust_offsets != nullptr) rows.adjust_offsets += first;
+  return rows;
+}
+
+// Copies `count` rows of `row_bytes`, `stride_bytes` apart at `src` (host shm), densely to
+// `dst`: dense rows in one copy, strided ones row by row (the gaps are never read). False when
+// the object shrank under the copy (GuardedCopy).
+bool CopyRows(char* dst, const char* src, int64_t count, size_t row_bytes, size_t stride_bytes) {
+  if (stride_bytes == row_bytes) {
+    return GuardedCopy(dst, src, static_cast<size_t>(count) * row_bytes);
+  }
+  for (int64_t r = 0; r < count; ++r) {
+    if (!GuardedCopy(dst + static_cast<size_t>(r) * row_bytes,
+                     src + static_cast<size_t>(r) * stride_bytes, row_bytes)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+CpuSampler::CpuSampler(int threads, size_t shm_block_bytes)
+    : pool_(threads), threads_(std::max(threads, 1)), shm_block_bytes_(shm_block_bytes) {
   device_.ordinal = 0;
   device_.uuid = "cpu";
   device_.name = "CPU";
@@ -23,20 +68,6 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
       io.ready_event != nullptr || io.done_event != nullptr) {
     return absl::UnimplementedError(
         "expected host memory for the CPU backend, got device memory or IPC events");
-  }
-  const void* host_logits = io.logits;
-  if (io.logits_in_shm) {
-    // Sample from a private copy: a truncated object must not fault the worker threads.
-    const size_t bytes =
-        static_cast<size_t>(InlineBytes(batch.dtype, batch.batch, batch.vocab, batch.row_stride));
-    if (shm_copy_bytes_ < bytes) {
-      shm_copy_.reset(new char[bytes]);
-      shm_copy_bytes_ = bytes;
-    }
-    if (!GuardedCopy(shm_copy_.get(), io.logits, bytes)) {
-      return ShrunkShmError("the logits region");
-    }
-    host_logits = shm_copy_.get();
   }
   const uint32_t* bitmask = nullptr;
   if (batch.bitmask_words > 0) {
@@ -64,7 +95,7 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
   std::vector<float> top_values;
 
   kernels::SampleArgs args;
-  args.logits = host_logits;
+  args.logits = io.logits;
   args.dtype = batch.dtype;
   args.batch = b;
   args.vocab = batch.vocab;
@@ -92,17 +123,36 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
     args.top_values = top_values.data();
   }
 
-  // One row costs O(V log V); a row per chunk keeps the cores busy even at B = 2. The rows check
-  // io.cancel one by one, so a drain gives up the batch within one row per thread (issue 12: a
-  // B = 400, V = 151,936 batch used to hold the process 8 s past its grace period).
-  std::atomic<bool> stopped{false};
-  pool_.ParallelFor(b, 1, [&args, &io, &stopped](int64_t begin, int64_t end) {
-    if (!kernels::CpuSampleRows(args, begin, end, io.cancel)) {
-      stopped.store(true, std::memory_order_relaxed);
+  if (!io.logits_in_shm) {
+    RETURN_IF_ERROR(SampleRows(args, io.cancel));
+  } else {
+    // Host shm logits are sampled from a private copy (a truncated object must not fault the
+    // worker threads), made a block of rows at a time and each row's V elements only: the copy
+    // stays within max(shm_block_bytes_, a row per thread) whatever B and the row stride are.
+    // The whole B x row_stride span used to be copied at once: a valid [4096, 16] request with
+    // row_stride 64Mi over a sparse 1 TiB object allocated 1 TiB and aborted the server.
+    const size_t elem = static_cast<size_t>(kernels::DTypeSize(batch.dtype));
+    const size_t row_bytes = static_cast<size_t>(batch.vocab) * elem;
+    const int64_t block_rows = std::min<int64_t>(
+        b, std::max<int64_t>(threads_, static_cast<int64_t>(shm_block_bytes_ / row_bytes)));
+    const size_t block_bytes = static_cast<size_t>(block_rows) * row_bytes;
+    if (shm_copy_bytes_ < block_bytes) {
+      shm_copy_.reset(new char[block_bytes]);
+      shm_copy_bytes_ = block_bytes;
     }
-  });
-  if (stopped.load(std::memory_order_relaxed)) {
-    return absl::CancelledError("expected to sample every row, got a drain that stopped the batch");
+    const auto* src = static_cast<const char*>(io.logits);
+    const size_t stride_bytes = static_cast<size_t>(batch.row_stride) * elem;
+    for (int64_t first = 0; first < b; first += block_rows) {
+      const int64_t count = std::min(block_rows, b - first);
+      if (!CopyRows(shm_copy_.get(), src + static_cast<size_t>(first) * stride_bytes, count,
+                    row_bytes, stride_bytes)) {
+        return ShrunkShmError("the logits region");
+      }
+      kernels::SampleArgs block = RowsOf(args, first, count);
+      block.logits = shm_copy_.get();
+      block.row_stride = batch.vocab;
+      RETURN_IF_ERROR(SampleRows(block, io.cancel));
+    }
   }
 
   if (n >= 0) {
@@ -121,6 +171,23 @@ absl::Status CpuSampler::Sample(const ValidatedBatch& batch, const SampleIo& io,
                      result->token_ids.size() * sizeof(int32_t))) {
       return ShrunkShmError("the output region");
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuSampler::SampleRows(const kernels::SampleArgs& args,
+                                    const std::atomic<bool>* cancel) {
+  // One row costs O(V log V); a row per chunk keeps the cores busy even at B = 2. The rows check
+  // `cancel` one by one, so a drain gives up the batch within one row per thread (issue 12: a
+  // B = 400, V = 151,936 batch used to hold the process 8 s past its grace period).
+  std::atomic<bool> stopped{false};
+  pool_.ParallelFor(args.batch, 1, [&args, cancel, &stopped](int64_t begin, int64_t end) {
+    if (!kernels::CpuSampleRows(args, begin, end, cancel)) {
+      stopped.store(true, std::memory_order_relaxed);
+    }
+  });
+  if (stopped.load(std::memory_order_relaxed)) {
+    return absl::CancelledError("expected to sample every row, got a drain that stopped the batch");
   }
   return absl::OkStatus();
 }

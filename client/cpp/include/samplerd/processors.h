@@ -10,9 +10,9 @@
 //   params.set_frequency_penalty(0.2f);            // [-2, 2], 0 = off
 //   v1::SampleRequest request = MakeFp32Request(logits.data(), batch, vocab, {params});
 //   SetTokenBitmask(mask.data(), batch, vocab, &request);  // batch * BitmaskWords(vocab) words
-//   SetLogitBias(TokenBias{{eos, -INFINITY}}, batch, &request);
-//   grpc::Status status = SetTokenHistory(prompts, outputs, &request);  // token ids so far,
-//                                                                       // B rows each
+//   grpc::Status status = SetLogitBias(TokenBias{{eos, -INFINITY}}, batch, &request);
+//   if (status.ok()) status = SetTokenHistory(prompts, outputs, &request);  // token ids so far,
+//                                                                           // B rows each
 //
 // The bias lists and the token history may instead lie in a registered region (host shm, or GPU
 // IPC memory on the logits' device), rewritten in place by the engine each step:
@@ -26,9 +26,11 @@
 //   SetTokenHistoryRegion("lists", 1024, &request);
 //
 // Like MakeFp32Request these check no values: the server checks token ids against V, row counts
-// and offsets, and answers INVALID_ARGUMENT "expected X, got Y". Only the token-history helpers
-// check what the server cannot see: a prompt or output vector shorter than the batch would read
-// as rows without tokens, so they refuse row counts that disagree.
+// and offsets, and answers INVALID_ARGUMENT "expected X, got Y". The per-row setters
+// (SetLogitBias, SetTokenHistory) check their row count against the logits' B, when the request
+// has it, before anything is sent: a bias for rows past B would be refused by the server only
+// after a round trip, and a prompt or output vector shorter than the batch would read as rows
+// without tokens, which the server cannot see.
 #ifndef SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_PROCESSORS_H_
 #define SAMPLERD_CLIENT_CPP_INCLUDE_SAMPLERD_PROCESSORS_H_
 
@@ -60,11 +62,19 @@ void SetTokenBitmaskRegion(const std::string& region, uint64_t offset, v1::Sampl
 // One row's logit bias: token id -> bias added to its logit (+inf forces, -inf bans).
 using TokenBias = std::map<int32_t, float>;
 
-// Sets the logit bias of `request`: rows[i] for row i (rows.size() must be B for the server).
-void SetLogitBias(const std::vector<TokenBias>& rows, v1::SampleRequest* request);
+// Sets the logit bias of `request`: rows[i] for row i. rows.size() must be B =
+// request->logits().shape(0) when the logits' shape is set (MakeFp32Request, MakeRegionRequest);
+// otherwise (no shape yet) any number of rows is taken and the server checks it. Returns
+// INVALID_ARGUMENT "expected logit bias for B = 3 rows, got 2" for another number of rows, and
+// then leaves `request` unchanged: do not send it.
+[[nodiscard]] grpc::Status SetLogitBias(const std::vector<TokenBias>& rows,
+                                        v1::SampleRequest* request);
 
-// Sets the logit bias of `request`: `bias` for each of its `batch` rows.
-void SetLogitBias(const TokenBias& bias, int64_t batch, v1::SampleRequest* request);
+// Sets the logit bias of `request`: `bias` for each of its `batch` rows. `batch` must be >= 0,
+// and B when the logits' shape is set: INVALID_ARGUMENT "expected logit bias for B = 3 rows, got
+// 4" otherwise (`request` unchanged), as above.
+[[nodiscard]] grpc::Status SetLogitBias(const TokenBias& bias, int64_t batch,
+                                        v1::SampleRequest* request);
 
 // Sets the token history the penalties act on: per row, the prompt's token ids and the output's
 // so far. Either vector may be empty (no tokens in any row); otherwise it has B rows, B =
