@@ -63,6 +63,17 @@ const Shape kShapes[] = {{8, 32000, 0}, {3, 151936, 0}, {16, 111, 0},
 
 const DType kDTypes[] = {DType::kFp32, DType::kBf16, DType::kFp16};
 
+// A batch of `shape` in `dtype` with logits of `kind` (FillLogits), parameters still to set.
+Batch RandomBatch(DType dtype, const Shape& shape, const char* kind, std::mt19937_64& rng) {
+  Batch b;
+  b.dtype = dtype;
+  b.batch = shape.batch;
+  b.vocab = shape.vocab;
+  b.row_stride = shape.stride;
+  FillLogits(b, kind, rng);
+  return b;
+}
+
 // The Gumbel-perturbed score the CPU would give token j of row r (for diagnosing mismatches).
 double Score(const Batch& b, int64_t r, int64_t j) {
   const RowParams& p = b.params[b.params.size() == 1 ? 0 : r];
@@ -77,12 +88,7 @@ TEST_F(GpuSamplerTest, TokensMatchTheCpuReference) {
     for (const Shape& shape : kShapes) {
       for (DType dtype : kDTypes) {
         for (const char* kind : {"randn3", "peaked", "zipf", "flat", "engine"}) {
-          Batch b;
-          b.dtype = dtype;
-          b.batch = shape.batch;
-          b.vocab = shape.vocab;
-          b.row_stride = shape.stride;
-          FillLogits(b, kind, rng);
+          Batch b = RandomBatch(dtype, shape, kind, rng);
           SetParams(b, setting.params, rng);
           const Outputs cpu = RunCpu(b);
           const Outputs gpu = RunGpu(b);
@@ -350,12 +356,7 @@ TEST_F(GpuSamplerTest, TopPTokensDoNotDependOnHowPassTwoSplitsTheChunks) {
     for (const Shape shape :
          {Shape{3, 151936, 0}, Shape{5, 32000, 0}, Shape{4, 8193, 0}, Shape{2, 20000, 20011}}) {
       for (DType dtype : {DType::kFp32, DType::kBf16}) {
-        Batch b;
-        b.dtype = dtype;
-        b.batch = shape.batch;
-        b.vocab = shape.vocab;
-        b.row_stride = shape.stride;
-        FillLogits(b, kind, rng);
+        Batch b = RandomBatch(dtype, shape, kind, rng);
         const float top_p = std::array<float, 4>{0.5f, 0.9f, 0.95f, 0.99f}[rng() % 4];
         SetParams(b, Params(rng() % 2 == 0 ? 1.0f : 0.7f, 0, top_p, 0.0f), rng);
         if (std::string(kind) == "randn3") {  // a NaN row: the plan's fallback, in both forms
