@@ -24,6 +24,15 @@
 namespace samplerd::kernels::gpu {
 
 inline constexpr int kMassDrawThreads = 256;
+// A small launch splits each chunk over this many MassDrawKernel blocks (v34): at B = 1 a row's
+// pass 2 is one wave of 19 blocks (4 at V = 32,000), each a serial walk of 8,192 tokens. Which
+// block reads which tokens does not change the token: the kept set comes from the plan, the
+// Gumbel-max draw and the boundary list's sort are the same in any order of work, and a boundary
+// token's mass refers to its pass-1 chunk (index / kChunk), whichever block lists it.
+inline constexpr int kMassDrawSplit = 4;
+// Launches of at most this many chunk blocks (batch x chunks) split them (4 x 132 SMs' worth of
+// blocks after the split).
+inline constexpr int64_t kMassDrawSplitMaxChunks = 132;
 
 struct MassDrawParams {
   RowsIn rows;
@@ -38,7 +47,7 @@ struct MassDrawParams {
 template <int kThreads>
 __device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
                                  const float* chunk_max, const double* chunk_scale, int64_t row,
-                                 int chunks, const RowParams& params, SelectStorage& s,
+                                 int parts, const RowParams& params, SelectStorage& s,
                                  typename BlockReduce<kThreads>::Storage& reduce) {
   // The entries pass 2 appended: the plan's count (<= kBoundaryCap on kTwoPass), unless the
   // logits changed between the launches (an engine writing them during a device-session step);
@@ -56,8 +65,8 @@ __device__ int64_t FinishMassRow(const MassWorkspace& ws, const MassPlan& plan,
     s.sort.index[i] = list_index[i];
   }
   ArgMaxPair best{-kInfF, INT64_MAX};
-  const volatile ChunkBest* bests = ws.chunk_best + row * chunks;
-  for (int c = threadIdx.x; c < chunks; c += kThreads) {
+  const volatile ChunkBest* bests = ws.chunk_best + row * parts;  // one a MassDrawKernel block
+  for (int c = threadIdx.x; c < parts; c += kThreads) {
     const int32_t j = bests[c].index;
     const ArgMaxPair scored{bests[c].score, j < 0 ? INT64_MAX : static_cast<int64_t>(j)};
     if (j >= 0 && Better(scored, best)) best = scored;
@@ -111,13 +120,14 @@ struct BlockSubBins {
   }
 };
 
-// Shared memory of MassDrawKernel: the chunk (widened to fp32), then, in the row's last block,
-// the sort of the boundary list.
+// Shared memory of MassDrawKernel: the block's span of kSpan tokens (widened to fp32), then, in
+// the row's last block, the sort of the boundary list.
 inline constexpr int kKeptQueue = 4096;  // kept tokens drawn per round
 
+template <int kSpan>
 struct MassDrawShared {
   union {
-    float chunk[kChunk];
+    alignas(16) float chunk[kSpan];  // read as float4
     SelectStorage select;
   };
   union {
@@ -147,11 +157,11 @@ struct MassDrawShared {
 // block for each token: 4x the Philox work where groups are full; v28). The same scores and
 // MayBeat skips as the queue, so the same token; the exact scores wait for a full wave (v29).
 // Not inlined: inlined (v28a), B = 1 rows got 2-5% slower.
-template <int kThreads>
+template <int kThreads, int kSpan>
 __device__ __noinline__ ArgMaxPair DrawDenseGroups(
     typename DeferredScores<kThreads>::Storage& storage, const float* chunk, uint32_t kept_groups,
     int64_t begin, float kept_from, const RowParams& params, float top_z, float floor_score) {
-  constexpr int kGroups = kChunk / 4 / kThreads;
+  constexpr int kGroups = kSpan / 4 / kThreads;
   DeferredScores<kThreads> scores(storage, chunk, begin, params.temperature, top_z, floor_score);
   const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
 #pragma unroll 1
@@ -181,18 +191,24 @@ __device__ __noinline__ ArgMaxPair DrawDenseGroups(
   return scores.Finish();
 }
 
-template <DType kDType, int kThreads, ProcsKind kKind>
+//
+// The block reads span `part` of the row: kSpan tokens, kChunk / kSpan spans a pass-1 chunk.
+template <DType kDType, int kThreads, int kSpan, ProcsKind kKind>
 __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, const void* row_ptr,
                               const RowProcessors& procs, int64_t vocab,
-                              const ChunkStats* row_stats, int64_t row, int chunk, int chunks,
-                              const RowParams& params, MassDrawShared& sh,
+                              const ChunkStats* row_stats, int64_t row, int part, int chunks,
+                              const RowParams& params, MassDrawShared<kSpan>& sh,
                               typename BlockReduce<kThreads>::Storage& reduce, int32_t* token_ids,
                               RowStatus* status) {
-  constexpr int kGroups = kChunk / 4 / kThreads;  // groups of 4 tokens per thread
-  static_assert(kGroups * 4 * kThreads == kChunk, "a chunk splits evenly");
+  constexpr int kGroups = kSpan / 4 / kThreads;  // groups of 4 tokens per thread
+  static_assert(kGroups >= 1 && kGroups * 4 * kThreads == kSpan, "a span splits evenly");
+  static_assert(kChunk % kSpan == 0, "spans tile a chunk");
   static_assert(kGroups <= 32, "one bit per group in a 32-bit mask");
-  const int64_t begin = static_cast<int64_t>(chunk) * kChunk;
-  const int64_t end = begin + kChunk < vocab ? begin + kChunk : vocab;
+  constexpr int kSpansPerChunk = kChunk / kSpan;
+  const int parts = chunks * kSpansPerChunk;
+  const int chunk = part / kSpansPerChunk;  // the pass-1 chunk holding the span
+  const int64_t begin = static_cast<int64_t>(part) * kSpan;
+  const int64_t end = begin + kSpan < vocab ? begin + kSpan : vocab;  // < begin: no tokens
   // Group g of this thread: tokens [begin + at, begin + at + 4), at = (g * kThreads + tid) * 4.
   auto local_at = [&](int g) { return (g * kThreads + static_cast<int>(threadIdx.x)) * 4; };
   const bool unit_temperature = params.temperature == 1.0f;
@@ -266,11 +282,11 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   // Philox block a group of 4 (the queue computes a whole block for each token, 4x the Philox
   // work where groups are full; v28). The same scores and the same MayBeat skips, so the same
   // token.
-  const bool dense = total_kept >= static_cast<uint64_t>(kChunk / 2);
+  const bool dense = total_kept >= static_cast<uint64_t>(kSpan / 2);
   ArgMaxPair best{-kInfF, INT64_MAX};
   if (dense) {
-    best = DrawDenseGroups<kThreads>(sh.scores, sh.chunk, kept_groups, begin, kept_from, params,
-                                     top_z, floor_score);
+    best = DrawDenseGroups<kThreads, kSpan>(sh.scores, sh.chunk, kept_groups, begin, kept_from,
+                                            params, top_z, floor_score);
   }
   for (uint32_t round = 0; !dense && round < total_kept; round += kKeptQueue) {
     uint32_t at = first_kept;
@@ -308,7 +324,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   const bool wide = ws.presum_boundary && plan.boundary_count > static_cast<uint32_t>(kThreads);
   if (wide) {
     best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: the draw's shared memory is free
-    sh.sub.Clear<kThreads>();
+    sh.sub.template Clear<kThreads>();
   }
   // The boundary tokens: one shared atomic per thread and one global atomic per block (one
   // global atomic per token serialised the blocks of a row on one address).
@@ -347,7 +363,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
       }
     }
     __syncthreads();  // every Add is done
-    sh.sub.AddToRow<kThreads>(ws, row);
+    sh.sub.template AddToRow<kThreads>(ws, row);
   } else {
     for (uint32_t groups = boundary_groups; groups != 0; groups &= groups - 1) {
       const int first = local_at(__ffs(groups) - 1);
@@ -361,24 +377,26 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: every thread is done with sh.chunk
   }
   if (threadIdx.x == 0) {
-    ws.chunk_best[row * chunks + chunk] =
+    ws.chunk_best[row * parts + part] =
         ChunkBest{best.value, best.index == INT64_MAX ? -1 : static_cast<int32_t>(best.index)};
   }
-  if (!LastToArrive(ws.pass2_ticket + row, static_cast<uint32_t>(chunks), &sh.ticket)) return;
+  if (!LastToArrive(ws.pass2_ticket + row, static_cast<uint32_t>(parts), &sh.ticket)) return;
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
     sh.ref.max[c] = row_stats[c].max_z;
     sh.ref.scale[c] = ws.chunk_scale[row * chunks + c];
   }
-  const int64_t token = FinishMassRow<kThreads>(ws, plan, sh.ref.max, sh.ref.scale, row, chunks,
+  const int64_t token = FinishMassRow<kThreads>(ws, plan, sh.ref.max, sh.ref.scale, row, parts,
                                                 params, sh.select, reduce);
   if (threadIdx.x == 0) WriteRowToken(token_ids, status, row, token, vocab);
 }
 
-// Launch: grid (chunks, batch), kMassDrawThreads threads, after RowFinishKernel made the plans.
-// Blocks of rows that are not on a two-pass plan leave at once.
-template <DType kDType, ProcsKind kKind>
+// Launch: grid (chunks x kSplit, batch), kMassDrawThreads threads, after RowFinishKernel made
+// the plans; kSplit is 1 or kMassDrawSplit (a small launch). Blocks of rows that are not on a
+// two-pass plan leave at once.
+template <DType kDType, ProcsKind kKind, int kSplit>
 __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawParams p) {
-  __shared__ MassDrawShared sh;
+  constexpr int kSpan = kChunk / kSplit;
+  __shared__ MassDrawShared<kSpan> sh;
   __shared__ typename BlockReduce<kMassDrawThreads>::Storage reduce;
   const int64_t row = blockIdx.y;
   // A plain launch after RowFinishKernel, which writes the plans: launched dependent on it, its
@@ -389,7 +407,7 @@ __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawPa
   const MassPlan plan = p.mass.plan[row];
   if (plan.path != MassPath::kTwoPass) return;
   const void* row_ptr = p.rows.Row<kDType>(row);
-  MassDrawChunk<kDType, kMassDrawThreads, kKind>(
+  MassDrawChunk<kDType, kMassDrawThreads, kSpan, kKind>(
       p.mass, plan, row_ptr, p.rows.procs, p.rows.vocab, p.stats + row * p.rows.chunks, row,
       static_cast<int>(blockIdx.x), p.rows.chunks, params, sh, reduce, p.token_ids, p.status);
 }

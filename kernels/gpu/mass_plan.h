@@ -78,7 +78,7 @@ struct MassWorkspace {
   uint32_t* hist_hi;        // sum of (mass >> 16)
   uint32_t* hist_lo;        // sum of (mass & 0xffff): 32-bit shared atomics, no carries
   double* chunk_scale;      // [batch, chunks] exp(chunk max - row max); 0: chunk out of range
-  ChunkBest* chunk_best;    // [batch, chunks]
+  ChunkBest* chunk_best;    // [batch, MassDrawKernel blocks a row] (chunks x its split)
   MassPlan* plan;           // [batch]
   uint32_t* pass2_ticket;   // [batch] zeroed by the plan
   uint32_t* boundary_fill;  // [batch] tokens appended to the boundary list; zeroed by the plan

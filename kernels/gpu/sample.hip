@@ -362,7 +362,7 @@ struct WorkspaceLayout {
     hist_hi = take(slots * kMassBins * sizeof(uint32_t));
     hist_lo = take(slots * kMassBins * sizeof(uint32_t));
     chunk_scale = take(slots * sizeof(double));
-    chunk_best = take(slots * sizeof(ChunkBest));
+    chunk_best = take(slots * kMassDrawSplit * sizeof(ChunkBest));
     plan = take(rows * sizeof(MassPlan));
     counters = take(2 * rows * sizeof(uint32_t));
     boundary_key = take(rows * kBoundaryCap * sizeof(uint32_t));
@@ -447,6 +447,17 @@ void LaunchDependent(void (*kernel)(Params), dim3 grid, int threads, hipStream_t
   kernel<<<grid, threads, 0, stream>>>(params);
 }
 
+// Whether a launch of `chunk_blocks` pass-1 blocks splits each chunk over kMassDrawSplit
+// MassDrawKernel blocks (v34; the same tokens either way). SAMPLERD_MASS_DRAW_SPLIT=0 in the
+// environment never splits, =1 always does: for A/B measurements in one binary, and for the tests
+// that hold both forms to the same tokens. Read at each launch (a test may change it).
+bool SplitMassDraw(int64_t chunk_blocks) {
+  const char* v = std::getenv("SAMPLERD_MASS_DRAW_SPLIT");
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
+  return chunk_blocks <= kMassDrawSplitMaxChunks;
+}
+
 // Pass 1, the finish and (for top-p rows on the mass path) pass 2, compiled for the launch's
 // kind of logits processors.
 template <DType kDType, ProcsKind kKind>
@@ -454,7 +465,13 @@ void LaunchPasses(dim3 grid, const ChunkPassParams& chunk, const RowFinishParams
                   const MassDrawParams& draw, hipStream_t stream) {
   ChunkPassKernel<kDType, kKind><<<grid, kChunkThreads, 0, stream>>>(chunk);
   LaunchDependent(RowFinishKernel<kDType>, dim3(grid.y), kFinishThreads, stream, finish);
-  if (draw.mass.enabled) MassDrawKernel<kDType, kKind><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+  if (!draw.mass.enabled) return;
+  if (SplitMassDraw(static_cast<int64_t>(grid.x) * grid.y)) {
+    const dim3 split(grid.x * kMassDrawSplit, grid.y);
+    MassDrawKernel<kDType, kKind, kMassDrawSplit><<<split, kMassDrawThreads, 0, stream>>>(draw);
+  } else {
+    MassDrawKernel<kDType, kKind, 1><<<grid, kMassDrawThreads, 0, stream>>>(draw);
+  }
 }
 
 template <DType kDType>
