@@ -156,9 +156,11 @@ if [[ -n "$NCU_CASES" ]]; then
       grep -E '"(Duration|Executed Instructions|Registers Per Thread)"' |
       awk -F'","' '{print $1 "\t" $5 "\t" $13 "\t" $15}' | tr -d '"' >"$RESULTS/ncu.txt"
     if [[ -n "$NCU_SOURCE" ]]; then
+      # ncu's own messages kept: session 26's export came back empty with them discarded.
       timeout 120 "$NCU" -i "$WORK/prof.ncu-rep" --page source --csv --print-source sass \
-        -k "regex:$NCU_SOURCE" 2>/dev/null | xz -T0 >"$RESULTS/source.csv.xz"
-      note "ncu source ($NCU_SOURCE): rc=$?"
+        -k "regex:$NCU_SOURCE" 2>"$RESULTS/source_err.txt" | xz -T0 >"$RESULTS/source.csv.xz"
+      note "ncu source ($NCU_SOURCE): rc=${PIPESTATUS[0]}, $(xz -dc "$RESULTS/source.csv.xz" | wc -l)" \
+        "lines; ncu said: $(head -c 300 "$RESULTS/source_err.txt" | tr '\n' ' ')"
     fi
   fi
 fi
