@@ -30,9 +30,11 @@ inline constexpr int kMassDrawThreads = 256;
 // Gumbel-max draw and the boundary list's sort are the same in any order of work, and a boundary
 // token's mass refers to its pass-1 chunk (index / kChunk), whichever block lists it.
 inline constexpr int kMassDrawSplit = 4;
-// Launches of at most this many chunk blocks (batch x chunks) split them (4 x 132 SMs' worth of
-// blocks after the split).
-inline constexpr int64_t kMassDrawSplitMaxChunks = 132;
+// Launches of at most this many chunk blocks (batch x chunks) split them. Measured on an H100
+// (132 SMs, session 26; the same library forced either way): the split gains 4-17% up to 152
+// chunk blocks (V = 151,936 at B = 8: 0.91-0.96x; V = 32,000 at B = 32: 0.87-0.96x) and loses
+// from 256 (V = 32,000 at B = 64: 0.99-1.10x; V = 151,936 at B = 16: 1.00-1.12x).
+inline constexpr int64_t kMassDrawSplitMaxChunks = 160;
 
 struct MassDrawParams {
   RowsIn rows;
