@@ -16,8 +16,8 @@
 #   ncu      profile_cases.py CASE ... under Nsight Compute on the new build (SpeedOfLight,
 #            LaunchStats, InstructionStats): ncu.txt, the duration, instructions and registers
 #            of each profiled kernel; with --ncu-source, also SourceCounters and WarpStateStats,
-#            and source.csv.xz: the executed instructions and stall samples of every SASS line of
-#            the kernels matching REGEX (for a per-line diff)
+#            and source_NAME.csv.xz for each |-separated NAME of REGEX: the executed instructions
+#            and stall samples of every SASS line of that kernel (for a per-line diff)
 # Each step has its own time limit, and the report is exported in small pieces, so that what
 # ran comes back even when a later step runs out of time. Packs every result into
 # 00_kernel_ab.tar.xz (the device tool returns 8 files at most) and prints a summary last.
@@ -156,11 +156,16 @@ if [[ -n "$NCU_CASES" ]]; then
       grep -E '"(Duration|Executed Instructions|Registers Per Thread)"' |
       awk -F'","' '{print $1 "\t" $5 "\t" $13 "\t" $15}' | tr -d '"' >"$RESULTS/ncu.txt"
     if [[ -n "$NCU_SOURCE" ]]; then
-      # ncu's own messages kept: session 26's export came back empty with them discarded.
-      timeout 120 "$NCU" -i "$WORK/prof.ncu-rep" --page source --csv --print-source sass \
-        -k "regex:$NCU_SOURCE" 2>"$RESULTS/source_err.txt" | xz -T0 >"$RESULTS/source.csv.xz"
-      note "ncu source ($NCU_SOURCE): rc=${PIPESTATUS[0]}, $(xz -dc "$RESULTS/source.csv.xz" | wc -l)" \
-        "lines; ncu said: $(head -c 300 "$RESULTS/source_err.txt" | tr '\n' ' ')"
+      # One export per kernel name (--ncu-source is a |-separated list of names): the SASS of
+      # RowFinishKernel alone is ~200 MB of CSV and took more than 90 s to export in session 27,
+      # which is likely why session 26's one export of several kernels came back empty.
+      IFS='|' read -r -a source_kernels <<<"$NCU_SOURCE"
+      for k in "${source_kernels[@]}"; do
+        timeout 120 "$NCU" -i "$WORK/prof.ncu-rep" --page source --csv --print-source sass \
+          -k "regex:$k" 2>"$RESULTS/source_${k}_err.txt" | xz -T0 >"$RESULTS/source_$k.csv.xz"
+        note "ncu source ($k): rc=${PIPESTATUS[0]}, $(xz -dc "$RESULTS/source_$k.csv.xz" | wc -l)" \
+          "lines; ncu said: $(head -c 300 "$RESULTS/source_${k}_err.txt" | tr '\n' ' ')"
+      done
     fi
   fi
 fi
