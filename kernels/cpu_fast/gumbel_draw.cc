@@ -20,17 +20,20 @@ namespace {
 
 constexpr int kNoiseBucketShift = 22;  // G bound per top 10 bits of the 32 Philox bits
 
+constexpr uint32_t kNoiseBuckets = 1u << (32 - kNoiseBucketShift);
+
 // Upper bounds of the Gumbel noise -logf(-logf(U)) over the Philox bits sharing their top 10
 // bits (U grows with the bits): G at the bucket's largest U, computed in double, plus a margin
-// far above logf's error.
+// far above logf's error. Non-decreasing in the bucket (FirstReachingBucket relies on it).
 struct NoiseBounds {
-  float bound[1 << (32 - kNoiseBucketShift)];
+  float bound[kNoiseBuckets];
   NoiseBounds() {
-    constexpr uint32_t kBuckets = 1u << (32 - kNoiseBucketShift);
-    for (uint32_t q = 0; q < kBuckets; ++q) {
+    for (uint32_t q = 0; q < kNoiseBuckets; ++q) {
       const uint32_t top_bits = (q << kNoiseBucketShift) | ((1u << kNoiseBucketShift) - 1);
       const double u = static_cast<double>(UniformFromBits(top_bits));
       bound[q] = static_cast<float>(-std::log(-std::log(u)) + 1e-3);
+      // Already so (U and G grow with the bits); a larger bound only skips less.
+      if (q > 0) bound[q] = std::max(bound[q], bound[q - 1]);
     }
   }
 };
@@ -98,6 +101,71 @@ SAMPLERD_AVX2 inline void MulHiLo8(__m256i a, __m256i m, __m256i& hi, __m256i& l
   lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
 }
 
+// The smallest bucket q with v_max + bound[q] >= floor, kNoiseBuckets when there is none. A
+// token with z <= v_max whose bits lie in a lower bucket has z + bound < floor (both sums are
+// non-decreasing), so Best::Offer would skip it: the vector draws drop such bits with one
+// unsigned compare, reading neither the token's z nor its bound.
+uint32_t FirstReachingBucket(float v_max, float floor, const float* bound) {
+  uint32_t lo = 0;
+  uint32_t hi = kNoiseBuckets;
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi) / 2;
+    if (v_max + bound[mid] >= floor) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// One step of the vector draws: the blocks of 4 tokens of z[j0, step_end) (j0 % 8 == 0)
+// holding a survivor whose z + kGumbelAbove reaches `floor`, each with the mask of those
+// tokens, and the largest z of the step.
+struct StepBlocks {
+  static constexpr int64_t kStep = 256;  // tokens per step
+  // + the padding the last Philox call of a step reads (its lanes are masked off).
+  alignas(64) uint32_t block[kStep / 4 + 16] = {};
+  alignas(64) uint8_t mask[kStep / 4 + 16] = {};
+  int count = 0;
+  float v_max = -kInf;
+};
+
+SAMPLERD_AVX2 inline float MaxLanes(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// Lists the step's blocks into `out` (branch-free) and returns where the step ended.
+SAMPLERD_AVX2 inline int64_t ListBlocks(const float* z, int64_t begin, int64_t j0, int64_t step_end,
+                                        uint32_t top, uint32_t span, float floor, StepBlocks& out) {
+  const __m256i topv = _mm256_set1_epi32(static_cast<int32_t>(top));
+  const __m256i spanv = _mm256_set1_epi32(static_cast<int32_t>(span));
+  const __m256 above = _mm256_set1_ps(kGumbelAbove);
+  const __m256 floorv = _mm256_set1_ps(floor);
+  __m256 v_max = _mm256_set1_ps(-kInf);
+  int count = 0;
+  for (; j0 < step_end; j0 += 8) {
+    const __m256 v = _mm256_loadu_ps(z + j0);
+    v_max = _mm256_max_ps(v, v_max);
+    const uint32_t reach = static_cast<uint32_t>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_add_ps(v, above), floorv, _CMP_GE_OQ)));
+    const uint32_t bits = KeysInRange8(v, topv, spanv) & reach;
+    const uint32_t first = static_cast<uint32_t>((begin + j0) / 4);
+    out.block[count] = first;
+    out.mask[count] = static_cast<uint8_t>(bits & 15u);
+    count += (bits & 15u) != 0;
+    out.block[count] = first + 1;
+    out.mask[count] = static_cast<uint8_t>(bits >> 4);
+    count += (bits >> 4) != 0;
+  }
+  out.count = count;
+  out.v_max = MaxLanes(v_max);
+  return j0;
+}
+
 // Philox4x32x10 of the 8 blocks block[0, 8) (counters {block, 0, position}) : word i of
 // block b in out[i * 8 + b]. Integer ops only: the scalar function's bits.
 SAMPLERD_AVX2 void Philox8(const uint32_t* block, uint64_t position, PhiloxKey key, uint32_t* out) {
@@ -128,70 +196,59 @@ SAMPLERD_AVX2 void Philox8(const uint32_t* block, uint64_t position, PhiloxKey k
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 24), c3);
 }
 
-// DrawScalar, 8 tokens at a time, 256 at a time in two steps: a branch-free scan lists the
-// blocks of 4 tokens holding a token that may still win (against the floor at the start of
-// the step), then the list is drawn 8 blocks per Philox8 call, its tokens' noise bounds
-// checked 8 at a time, and the tokens left offered (against the current floor). Returns where
-// the scalar tail starts.
+// The floor a step's Philox bits are filtered against, and its first reaching bucket
+// (FirstReachingBucket), recomputed only when the floor has risen.
+struct BucketFilter {
+  float floor = kInf;
+  uint32_t first = 0;
+
+  // The bits a token of the step needs to be offered: w >= *w_min; false when none can be.
+  bool Update(float v_max, const Best& best, const float* bound, uint32_t* w_min) {
+    if (best.floor != floor) {
+      floor = best.floor;
+      first = FirstReachingBucket(v_max, floor, bound);
+    }
+    *w_min = first << kNoiseBucketShift;
+    return first < kNoiseBuckets;
+  }
+};
+
+// DrawScalar, 8 tokens at a time, 256 at a time in two steps: ListBlocks, then the list drawn
+// 8 blocks per Philox8 call; a token is offered only if its bits reach the step's
+// first reaching bucket (almost none, once the floor has risen: on a flat row the draw is then
+// its Philox calls). Returns where the scalar tail starts.
 SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_t top,
                                uint32_t span, const RowParams& p, const PhiloxKey& key,
                                Best& best) {
   // Block indices must fit 32 bits (the counter's high word is 0 below token 2^34).
   if (static_cast<uint64_t>(begin + n) >= (uint64_t{1} << 34)) return 0;
-  constexpr int64_t kStep = 256;
-  const __m256i topv = _mm256_set1_epi32(static_cast<int32_t>(top));
-  const __m256i spanv = _mm256_set1_epi32(static_cast<int32_t>(span));
-  const __m256 above = _mm256_set1_ps(kGumbelAbove);
   const float* bound = Bounds().bound;
-  alignas(32) uint32_t block[kStep / 4 + 8];  // + the padding of the last Philox8 call
-  uint8_t mask[kStep / 4 + 8];
+  StepBlocks s;
   alignas(32) uint32_t words[32];
   int64_t j0 = 0;
   while (j0 + 8 <= n) {
-    const int64_t step_end = std::min(n & ~int64_t{7}, j0 + kStep);
-    const __m256 floor = _mm256_set1_ps(best.floor);
-    int count = 0;
-    for (; j0 < step_end; j0 += 8) {
-      const __m256 v = _mm256_loadu_ps(z + j0);
-      const uint32_t reach = static_cast<uint32_t>(
-          _mm256_movemask_ps(_mm256_cmp_ps(_mm256_add_ps(v, above), floor, _CMP_GE_OQ)));
-      const uint32_t bits = KeysInRange8(v, topv, spanv) & reach;
-      const uint32_t first = static_cast<uint32_t>((begin + j0) / 4);
-      block[count] = first;
-      mask[count] = static_cast<uint8_t>(bits & 15u);
-      count += (bits & 15u) != 0;
-      block[count] = first + 1;
-      mask[count] = static_cast<uint8_t>(bits >> 4);
-      count += (bits >> 4) != 0;
-    }
-    for (int q0 = 0; q0 < count; q0 += 8) {
-      Philox8(block + q0, p.position, key, words);
-      // Each word vector i holds token i of the 8 blocks: filter its tokens on the bound of
-      // their noise in vector form, then offer the few left (in any order: Offer breaks ties).
-      const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(std::min(8, count - q0)),
+    const int64_t step_end = std::min(n & ~int64_t{7}, j0 + StepBlocks::kStep);
+    j0 = ListBlocks(z, begin, j0, step_end, top, span, best.floor, s);
+    BucketFilter filter;
+    for (int q0 = 0; q0 < s.count; q0 += 8) {
+      Philox8(s.block + q0, p.position, key, words);
+      uint32_t w_min;
+      if (!filter.Update(s.v_max, best, bound, &w_min)) continue;
+      const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(std::min(8, s.count - q0)),
                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
       const __m256i masks = _mm256_and_si256(
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mask + q0))),
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.mask + q0))),
           lanes);
-      const __m256i first = _mm256_sub_epi32(
-          _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + q0)), 2),
-          _mm256_set1_epi32(static_cast<int32_t>(begin)));
-      const __m256 floor_now = _mm256_set1_ps(best.floor);
+      const __m256i w_minv = _mm256_set1_epi32(static_cast<int32_t>(w_min));
       for (int i = 0; i < 4; ++i) {
         const __m256i bit = _mm256_set1_epi32(1 << i);
-        const __m256i in = _mm256_cmpeq_epi32(_mm256_and_si256(masks, bit), bit);
-        if (_mm256_testz_si256(in, in)) continue;
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(words + 8 * i));
-        const __m256 v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), z,
-                                                  _mm256_add_epi32(first, _mm256_set1_epi32(i)),
-                                                  _mm256_castsi256_ps(in), 4);
-        const __m256 g = _mm256_i32gather_ps(bound, _mm256_srli_epi32(w, kNoiseBucketShift), 4);
-        const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(_mm256_add_ps(v, g), floor_now, _CMP_GE_OQ),
-                                        _mm256_castsi256_ps(in));
-        for (uint32_t bits = static_cast<uint32_t>(_mm256_movemask_ps(ok)); bits != 0;
-             bits &= bits - 1) {
+        const __m256i in = _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(masks, bit), bit),
+                                            _mm256_cmpeq_epi32(_mm256_max_epu32(w, w_minv), w));
+        for (uint32_t bits = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(in)));
+             bits != 0; bits &= bits - 1) {
           const int q = __builtin_ctz(bits);
-          const int64_t token = static_cast<int64_t>(block[q0 + q]) * 4 + i;
+          const int64_t token = static_cast<int64_t>(s.block[q0 + q]) * 4 + i;
           best.Offer(z[token - begin], words[8 * i + q], token, bound);
         }
       }
@@ -199,6 +256,83 @@ SAMPLERD_AVX2 int64_t DrawAvx2(const float* z, int64_t begin, int64_t n, uint32_
   }
   return j0;
 }
+
+SAMPLERD_AVX512_WARNINGS_OFF
+// MulHiLo8 for 16 lanes.
+SAMPLERD_AVX512 inline void MulHiLo16(__m512i a, __m512i m, __m512i& hi, __m512i& lo) {
+  const __m512i even = _mm512_mul_epu32(a, m);
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+  hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+  lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+}
+
+// Philox8 for the 16 blocks block[0, 16): word i of block b in out[i * 16 + b].
+SAMPLERD_AVX512 void Philox16(const uint32_t* block, uint64_t position, PhiloxKey key,
+                              uint32_t* out) {
+  __m512i c0 = _mm512_loadu_si512(block);
+  __m512i c1 = _mm512_setzero_si512();
+  __m512i c2 = _mm512_set1_epi32(static_cast<int32_t>(position));
+  __m512i c3 = _mm512_set1_epi32(static_cast<int32_t>(position >> 32));
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int32_t>(kPhiloxM0));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int32_t>(kPhiloxM1));
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    if (round > 0) {
+      key.word[0] += kPhiloxW0;
+      key.word[1] += kPhiloxW1;
+    }
+    __m512i hi0, lo0, hi1, lo1;
+    MulHiLo16(c0, m0, hi0, lo0);
+    MulHiLo16(c2, m1, hi1, lo1);
+    c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1),
+                          _mm512_set1_epi32(static_cast<int32_t>(key.word[0])));
+    c1 = lo1;
+    c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3),
+                          _mm512_set1_epi32(static_cast<int32_t>(key.word[1])));
+    c3 = lo0;
+  }
+  _mm512_storeu_si512(out, c0);
+  _mm512_storeu_si512(out + 16, c1);
+  _mm512_storeu_si512(out + 32, c2);
+  _mm512_storeu_si512(out + 48, c3);
+}
+
+// DrawAvx2 with 16 blocks per Philox call (AVX-512 F).
+SAMPLERD_AVX512 int64_t DrawAvx512(const float* z, int64_t begin, int64_t n, uint32_t top,
+                                   uint32_t span, const RowParams& p, const PhiloxKey& key,
+                                   Best& best) {
+  if (static_cast<uint64_t>(begin + n) >= (uint64_t{1} << 34)) return 0;
+  const float* bound = Bounds().bound;
+  StepBlocks s;
+  alignas(64) uint32_t words[64];
+  int64_t j0 = 0;
+  while (j0 + 8 <= n) {
+    const int64_t step_end = std::min(n & ~int64_t{7}, j0 + StepBlocks::kStep);
+    j0 = ListBlocks(z, begin, j0, step_end, top, span, best.floor, s);
+    BucketFilter filter;
+    for (int q0 = 0; q0 < s.count; q0 += 16) {
+      Philox16(s.block + q0, p.position, key, words);
+      uint32_t w_min;
+      if (!filter.Update(s.v_max, best, bound, &w_min)) continue;
+      const int valid = std::min(16, s.count - q0);
+      const __mmask16 lanes = static_cast<__mmask16>((1u << valid) - 1);
+      const __m512i masks =
+          _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(s.mask + q0)));
+      const __m512i w_minv = _mm512_set1_epi32(static_cast<int32_t>(w_min));
+      for (int i = 0; i < 4; ++i) {
+        const __mmask16 in = _mm512_mask_test_epi32_mask(lanes, masks, _mm512_set1_epi32(1 << i));
+        const __m512i w = _mm512_load_si512(words + 16 * i);
+        for (uint32_t bits = _mm512_mask_cmpge_epu32_mask(in, w, w_minv); bits != 0;
+             bits &= bits - 1) {
+          const int q = __builtin_ctz(bits);
+          const int64_t token = static_cast<int64_t>(s.block[q0 + q]) * 4 + i;
+          best.Offer(z[token - begin], words[16 * i + q], token, bound);
+        }
+      }
+    }
+  }
+  return j0;
+}
+SAMPLERD_AVX512_WARNINGS_ON
 #endif
 
 }  // namespace
@@ -213,6 +347,7 @@ void DrawChunks(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
   const uint32_t top = KeyOf(r.mx);
   const uint32_t span = r.draw_key - top;
   const bool avx2 = UseAvx2();
+  const bool avx512 = UseAvx512();
   for (int64_t begin = t0; begin < t1; begin += kChunk) {
     const int64_t n = std::min(kChunk, t1 - begin);
     if (r.plan == Plan::kTopTiesDraw) {
@@ -230,7 +365,11 @@ void DrawChunks(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
     const float* z = ScaledChunk(args, row, begin, n, p.temperature, scratch);
     int64_t j = 0;
 #if SAMPLERD_CPU_FAST_X86
-    if (avx2) j = DrawAvx2(z, begin, n, top, span, p, key, best);
+    if (avx512) {
+      j = DrawAvx512(z, begin, n, top, span, p, key, best);
+    } else if (avx2) {
+      j = DrawAvx2(z, begin, n, top, span, p, key, best);
+    }
 #endif
     DrawScalar(z, begin, j, n, top, span, p, key, best);
   }
