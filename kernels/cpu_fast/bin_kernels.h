@@ -21,8 +21,9 @@ namespace samplerd::kernels::cpu_fast_internal {
 
 // How a histogram pass bins a token.
 struct BinSpec {
-  bool grid = false;  // GridBin(z, mx) for z >= floor; else (KeyOf(z) - lo) >> shift
+  bool grid = false;  // GridBin(z, mx, scale) for z >= floor; else (KeyOf(z) - lo) >> shift
   float mx = 0.0f;
+  float scale = kGridBinsPerLogit;
   float floor = 0.0f;
   uint32_t lo = 0;  // radix: keys [lo, lo + span]
   uint32_t span = 0;
@@ -35,7 +36,7 @@ inline constexpr Mass kCountOne = static_cast<Mass>(1) << 96;
 
 // The bin of z, -1 when z is outside the pass.
 inline int32_t BinOf(const BinSpec& s, float z) {
-  if (s.grid) return z >= s.floor ? GridBin(z, s.mx) : -1;
+  if (s.grid) return z >= s.floor ? GridBin(z, s.mx, s.scale) : -1;
   const uint32_t offset = KeyOf(z) - s.lo;
   return offset <= s.span ? static_cast<int32_t>(offset >> s.shift) : -1;
 }
@@ -67,6 +68,7 @@ class BinsOf8 {
   SAMPLERD_AVX2 explicit BinsOf8(const BinSpec& s)
       : grid_(s.grid),
         mx_(_mm256_set1_ps(s.mx)),
+        scale_(_mm256_set1_ps(s.scale)),
         floor_(_mm256_set1_ps(s.floor)),
         lo_(_mm256_set1_epi32(static_cast<int32_t>(s.lo))),
         span_(_mm256_set1_epi32(static_cast<int32_t>(s.span))),
@@ -75,13 +77,12 @@ class BinsOf8 {
   SAMPLERD_AVX2 __m256i operator()(__m256 v, __m256i* in) const {
     if (grid_) {
       *in = _mm256_castps_si256(_mm256_cmp_ps(v, floor_, _CMP_GE_OQ));
-      const __m256 d = _mm256_sub_ps(mx_, v);
-      const __m256 on_grid = _mm256_cmp_ps(d, _mm256_set1_ps(kGridLogits), _CMP_LT_OQ);
-      return _mm256_castps_si256(_mm256_blendv_ps(
-          _mm256_castsi256_ps(_mm256_set1_epi32(kGridBins)),
-          _mm256_castsi256_ps(
-              _mm256_cvttps_epi32(_mm256_mul_ps(d, _mm256_set1_ps(kGridBinsPerLogit)))),
-          on_grid));
+      const __m256 f = _mm256_mul_ps(_mm256_sub_ps(mx_, v), scale_);
+      const __m256 on_grid =
+          _mm256_cmp_ps(f, _mm256_set1_ps(static_cast<float>(kGridBins)), _CMP_LT_OQ);
+      return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(kGridBins)),
+                                                  _mm256_castsi256_ps(_mm256_cvttps_epi32(f)),
+                                                  on_grid));
     }
     const __m256i offset = _mm256_sub_epi32(KeyOf8(v), lo_);
     *in = _mm256_cmpeq_epi32(_mm256_min_epu32(offset, span_), offset);
@@ -90,7 +91,7 @@ class BinsOf8 {
 
  private:
   bool grid_;
-  __m256 mx_, floor_;
+  __m256 mx_, scale_, floor_;
   __m256i lo_, span_;
   __m128i shift_;
 };

@@ -120,7 +120,7 @@ uint32_t FirstKeyOfGridBin(int b, const RowState& r) {
   uint64_t hi = static_cast<uint64_t>(r.hi) + 1;
   while (lo < hi) {
     const uint64_t mid = (lo + hi) / 2;
-    if (GridBin(ValueOf(static_cast<uint32_t>(mid)), r.mx) >= b) {
+    if (GridBin(ValueOf(static_cast<uint32_t>(mid)), r.mx, r.grid_scale) >= b) {
       hi = mid;
     } else {
       lo = mid + 1;
@@ -139,6 +139,7 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
   BinSpec spec;
   spec.grid = r.grid;
   spec.mx = r.mx;
+  spec.scale = r.grid_scale;
   spec.floor = ValueOf(r.hi);
   spec.lo = r.lo;
   spec.span = r.hi - r.lo;
@@ -212,7 +213,7 @@ void StartStage(int64_t gather_cap, RowState& r) {
     return;
   }
   r.stage_count = -1;
-  r.SetGrid(top, bottom);
+  r.SetGrid(top, bottom, GridScale(r.mx, floor));
 }
 
 void Histogram(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {

@@ -3,9 +3,9 @@
 //
 // A stage's tokens are the finite z at or above its floor (top-k: the min-p survivors; top-p:
 // the survivors of min-p and top-k, or in JOINT mode every finite z). Its first pass bins them
-// on a fixed grid below the row max (GridBin: 1/32 logit, 44 logits, then one bin for the
-// rest), counting them (top-k) or summing their quantised masses (top-p, quantised_mass.h);
-// the bin where the stage's boundary falls is then
+// on a grid below the row max (GridBin: 1,408 bins over the stage's span, at most 1/32 logit
+// wide, then one bin for the rest), counting them (top-k) or summing their quantised masses
+// (top-p, quantised_mass.h); the bin where the stage's boundary falls is then
 //   - gathered with every token above it, when those are <= gather_cap: the stage (and the
 //     draw, gumbel_draw.h) finishes on them, sorted into the oracle's order;
 //   - gathered alone, when it holds <= gather_cap tokens: the threshold is found among them,
@@ -15,7 +15,10 @@
 //     pass), each ending the same three ways.
 // At B = 1, V = 151,936 (randn * 3) a top-p 0.95 stage takes the grid pass and one gather of
 // a few hundred tokens, where the radix passes alone took 3-4 passes with an exp per token in the
-// first (tests/bench/HOST_PLANE_RESULTS.md, run 3). Internal to kernels/cpu_fast.
+// first (tests/bench/HOST_PLANE_RESULTS.md, run 3); near-flat rows do the same since the grid
+// spreads over the span (before, a radix pass too). No threshold depends on the grid: the
+// counts and masses are exact, and the rule is applied token by token within the boundary bin.
+// Internal to kernels/cpu_fast.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_RADIX_SELECT_H_
 #define SAMPLERD_KERNELS_CPU_FAST_RADIX_SELECT_H_
 
