@@ -187,7 +187,14 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
   }
 
   // 2. Select: histogram and gather passes until every filtered row has its thresholds (at
-  // most 4 histogram passes per stage: 32 key bits, 10 per pass).
+  // most 4 histogram passes per stage: 32 key bits, 10 per pass). A top-p stage's grid pass
+  // first narrows its exact bins to where a sample puts the boundary (one row per task; at
+  // B = 1 on the calling thread, no barrier).
+  if (!Run(static_cast<int64_t>(selecting.size()), [&](int64_t i) {
+        cpu_fast_internal::NarrowMassWindow(args, selecting[i], *rows[selecting[i]]);
+      })) {
+    return false;
+  }
   while (!selecting.empty()) {
     if (!RunChunks(selecting, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
           RowState& r = *rows[row];

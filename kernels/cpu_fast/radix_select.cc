@@ -140,11 +140,14 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
   spec.grid = r.grid;
   spec.mx = r.mx;
   spec.scale = r.grid_scale;
+  spec.window_lo = r.window_lo;
+  spec.window_hi = r.window_hi;
   spec.floor = ValueOf(r.hi);
   spec.lo = r.lo;
   spec.span = r.hi - r.lo;
   spec.shift = r.shift;
   const bool with_masses = r.Masses();
+  const bool windowed = r.grid && (r.window_lo > 0 || r.window_hi < kGridBins);
   const bool avx2 = UseAvx2();
   const bool avx512 = UseAvx512();
   if (t.histogram_dirty) {  // an abandoned task's partial sums
@@ -160,8 +163,9 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
 #if SAMPLERD_CPU_FAST_X86
     if (avx2) {
       chunk_end = !with_masses ? CountChunkAvx2(spec, z, n, t.bins.data(), counts)
-                  : avx512     ? MassChunkAvx512(spec, z, n, mass)
-                               : MassChunkAvx2(spec, z, n, mass);
+                  : !avx512    ? MassChunkAvx2(spec, z, n, mass)
+                  : windowed   ? MassChunkWindowedAvx512(spec, z, n, mass)
+                               : MassChunkAvx512(spec, z, n, mass);
     }
 #endif
     if (!avx2) {
@@ -214,6 +218,51 @@ void StartStage(int64_t gather_cap, RowState& r) {
   }
   r.stage_count = -1;
   r.SetGrid(top, bottom, GridScale(r.mx, floor));
+}
+
+void NarrowMassWindow(const SampleArgs& args, int64_t row, RowState& r) {
+  if (r.stage != Stage::kTopP || r.pass != Pass::kHistogram || !r.grid) return;
+  // 512 tokens: on a flat row the sample's cumulative mass fraction at the boundary is within
+  // ~0.01 of the row's, and the window (8 standard errors each side) holds ~15% of the tokens.
+  constexpr int64_t kSample = 512;
+  constexpr double kStandardErrors = 8.0;
+  const int64_t stride = args.vocab / kSample;
+  if (stride < 16) return;  // a short row: the whole pass costs little more than the sample
+  std::vector<double>& weight = Scratch().window_weight;
+  weight.assign(kGridBins + 1, 0.0);
+  double sum = 0.0;
+  double sum_squares = 0.0;
+  const uint32_t span = r.hi - r.lo;
+  for (int64_t k = 0; k < kSample; ++k) {
+    float x;
+    LoadChunk(args, row, k * stride + stride / 2, 1, &x);
+    const float z = x / r.p.temperature;
+    if (KeyOf(z) - r.lo > span) continue;  // not in the stage
+    const double w = QuantisedMass(z, r.mx) / kMassScale;
+    weight[GridBin(z, r.mx, r.grid_scale)] += w;
+    sum += w;
+    sum_squares += w * w;
+  }
+  // The sample's effective size: (sum w)^2 / sum w^2, 1 when one token holds all its mass.
+  if (!(sum > 0.0) || sum * sum < 0.5 * kSample * sum_squares) return;
+  const double effective = sum * sum / sum_squares;
+  const double p = r.p.top_p;
+  const double margin = kStandardErrors * std::sqrt(std::max(p * (1.0 - p), 0.01) / effective);
+  // The first bins whose cumulative fraction reaches p - margin and p + margin, one more bin
+  // each side.
+  double cumulative = 0.0;
+  int lo = -1;
+  int hi = kGridBins;
+  for (int b = 0; b <= kGridBins; ++b) {
+    cumulative += weight[b];
+    if (lo < 0 && cumulative >= (p - margin) * sum) lo = b;
+    if (cumulative >= (p + margin) * sum) {
+      hi = b;
+      break;
+    }
+  }
+  r.window_lo = std::max(0, lo - 1);
+  r.window_hi = std::min(kGridBins, hi + 1);
 }
 
 void Histogram(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
@@ -271,6 +320,13 @@ void Advance(int64_t gather_cap, RowState& r) {
     cumulative += r.mass[b];
     const bool reached = top_p ? static_cast<double>(cumulative) >= limit : count >= r.p.top_k;
     if (!reached) continue;
+    if (r.grid && (b < r.window_lo || b > r.window_hi)) {
+      // The window (NarrowMassWindow) missed the boundary: only its bins are exact, so the
+      // grid pass again, every bin exact.
+      r.total = 0;
+      r.SetGrid(r.lo, r.hi, r.grid_scale);
+      return;
+    }
     uint32_t bin_lo, bin_hi;
     if (r.grid) {
       bin_lo = FirstKeyOfGridBin(b, r);

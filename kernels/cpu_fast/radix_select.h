@@ -33,6 +33,15 @@ namespace samplerd::kernels::cpu_fast_internal {
 // range, or a gather when the stage is known to hold <= gather_cap tokens.
 void StartStage(int64_t gather_cap, RowState& r);
 
+// Before the grid pass of a top-p stage (StartStage left r.pass == Pass::kHistogram, r.grid):
+// estimates where the stage's boundary falls from the masses of a sample of the row's tokens
+// and narrows the pass's exact bins to a window around it (RowState::window_lo), so that most
+// tokens skip the per-bin add. A window that misses the boundary costs the grid pass again,
+// never a different threshold (Advance). Leaves the window whole where the sample's masses are
+// too uneven to say (a peaked row: few tokens hold the mass) or the row is short. Reads ~512
+// tokens of row `row`.
+void NarrowMassWindow(const SampleArgs& args, int64_t row, RowState& r);
+
 // The histogram pass over tokens [t0, t1) of row `row` (t0 % 4 == 0): adds their counts (and, for
 // top-p, masses) per bin into r. Thread-safe against other chunks of the same row.
 void Histogram(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r);

@@ -104,7 +104,13 @@ struct RowState {
   Pass pass = Pass::kHistogram;
   bool grid = false;                     // histogram pass on the grid (GridBin) over keys [lo, hi]
   float grid_scale = kGridBinsPerLogit;  // the grid's bins per logit (GridScale)
-  uint32_t lo = 0, hi = 0;               // histogram key range
+  // A top-p grid pass sums masses per bin only for bins [window_lo, window_hi] (bin_kernels.h,
+  // MassChunkWindowedAvx512); the tokens above the window go into bin window_lo - 1 and those
+  // below into bin window_hi + 1. Every bin from window_lo - 1 to window_hi then has its exact
+  // cumulative mass and count, and the total is exact. [0, kGridBins]: every bin.
+  int32_t window_lo = 0;
+  int32_t window_hi = kGridBins;
+  uint32_t lo = 0, hi = 0;  // histogram key range
   int shift = 0;
   int bins = 0;
   int64_t count_above = 0;  // stage tokens with key < lo
@@ -163,6 +169,8 @@ struct RowState {
     pass = Pass::kHistogram;
     grid = true;
     grid_scale = scale;
+    window_lo = 0;
+    window_hi = kGridBins;
     std::fill(counts.begin(), counts.begin() + bins, 0);
     std::fill(mass.begin(), mass.begin() + bins, 0);
   }
@@ -180,6 +188,7 @@ struct ThreadScratch {
   std::vector<Mass> mass = std::vector<Mass>(kHistBins);
   std::vector<int32_t> bins = std::vector<int32_t>(kChunk);  // a chunk's bins
   std::vector<float> row;  // a whole row, for the inverse-CDF draw's fallback (sized on use)
+  std::vector<double> window_weight;  // NarrowMassWindow's sample masses per grid bin
 };
 
 // The calling thread's scratch (thread_local, allocated at its first use).
