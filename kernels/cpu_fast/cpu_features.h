@@ -43,13 +43,21 @@ inline bool UseAvx2() {
 #endif
 }
 
-// True when the AVX-512 (F + DQ) paths run: the CPU has them and Avx2Allowed().
+// Tests clear it to drive the AVX2 paths on an AVX-512 machine.
+inline std::atomic<bool>& Avx512Allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+
+// True when the AVX-512 (F + DQ) paths run: the CPU has them, Avx2Allowed() and
+// Avx512Allowed().
 inline bool UseAvx512() {
 #if SAMPLERD_CPU_FAST_X86
   static const bool supported = __builtin_cpu_supports("avx2") &&
                                 __builtin_cpu_supports("avx512f") &&
                                 __builtin_cpu_supports("avx512dq");
-  return supported && Avx2Allowed().load(std::memory_order_relaxed);
+  return supported && Avx2Allowed().load(std::memory_order_relaxed) &&
+         Avx512Allowed().load(std::memory_order_relaxed);
 #else
   return false;
 #endif

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu_fast/bin_kernels.h"
@@ -198,6 +199,24 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
   t.histogram_dirty = false;
 }
 
+constexpr int kGroupBins = 64;
+constexpr int kWindowGroups = (kGridBins + kGroupBins) / kGroupBins;
+
+// The first grid bin whose cumulative weight from bin 0 reaches `target` (kGridBins if none),
+// by a scan of the groups' sums, then of the bins of the group that reaches it.
+int FirstBinReaching(const double* weight, const double* group, double target) {
+  double cumulative = 0.0;
+  int g = 0;
+  for (; g < kWindowGroups && cumulative + group[g] < target; ++g) cumulative += group[g];
+  if (g == kWindowGroups) return kGridBins;
+  const int last = std::min(kGridBins, g * kGroupBins + kGroupBins - 1);
+  for (int b = g * kGroupBins; b < last; ++b) {
+    cumulative += weight[b];
+    if (cumulative >= target) return b;
+  }
+  return last;
+}
+
 }  // namespace
 
 void StartStage(int64_t gather_cap, RowState& r) {
@@ -228,18 +247,28 @@ void NarrowMassWindow(const SampleArgs& args, int64_t row, RowState& r) {
   constexpr double kStandardErrors = 8.0;
   const int64_t stride = args.vocab / kSample;
   if (stride < 16) return;  // a short row: the whole pass costs little more than the sample
+  // The sample's masses per grid bin and per group of kGroupBins bins (a short scan below).
   std::vector<double>& weight = Scratch().window_weight;
-  weight.assign(kGridBins + 1, 0.0);
+  weight.assign(kGridBins + 1 + kWindowGroups, 0.0);
+  double* group = weight.data() + kGridBins + 1;
   double sum = 0.0;
   double sum_squares = 0.0;
   const uint32_t span = r.hi - r.lo;
+  const unsigned char* fp32 = Fp32Chunk(args, row, 0);
   for (int64_t k = 0; k < kSample; ++k) {
+    const int64_t j = k * stride + stride / 2;
     float x;
-    LoadChunk(args, row, k * stride + stride / 2, 1, &x);
+    if (fp32 != nullptr) {
+      std::memcpy(&x, fp32 + j * 4, 4);
+    } else {
+      LoadChunk(args, row, j, 1, &x);
+    }
     const float z = x / r.p.temperature;
     if (KeyOf(z) - r.lo > span) continue;  // not in the stage
-    const double w = QuantisedMass(z, r.mx) / kMassScale;
-    weight[GridBin(z, r.mx, r.grid_scale)] += w;
+    const double w = static_cast<double>(QuantisedMass(z, r.mx)) / kMassScale;
+    const int b = GridBin(z, r.mx, r.grid_scale);
+    weight[b] += w;
+    group[b / kGroupBins] += w;
     sum += w;
     sum_squares += w * w;
   }
@@ -248,21 +277,9 @@ void NarrowMassWindow(const SampleArgs& args, int64_t row, RowState& r) {
   const double effective = sum * sum / sum_squares;
   const double p = r.p.top_p;
   const double margin = kStandardErrors * std::sqrt(std::max(p * (1.0 - p), 0.01) / effective);
-  // The first bins whose cumulative fraction reaches p - margin and p + margin, one more bin
-  // each side.
-  double cumulative = 0.0;
-  int lo = -1;
-  int hi = kGridBins;
-  for (int b = 0; b <= kGridBins; ++b) {
-    cumulative += weight[b];
-    if (lo < 0 && cumulative >= (p - margin) * sum) lo = b;
-    if (cumulative >= (p + margin) * sum) {
-      hi = b;
-      break;
-    }
-  }
-  r.window_lo = std::max(0, lo - 1);
-  r.window_hi = std::min(kGridBins, hi + 1);
+  // The bins where the cumulative fraction reaches p - margin and p + margin, one more each side.
+  r.window_lo = std::max(0, FirstBinReaching(weight.data(), group, (p - margin) * sum) - 1);
+  r.window_hi = std::min(kGridBins, FirstBinReaching(weight.data(), group, (p + margin) * sum) + 1);
 }
 
 void Histogram(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
