@@ -193,7 +193,8 @@ SAMPLERD_AVX512 inline int32_t MassChunkAvx512(const BinSpec& s, const float* z,
 // vector lanes and added to bin window_lo - 1 once, those below the window to bin
 // window_hi + 1. Integer sums, so the cumulative masses and counts of the bins from
 // window_lo - 1 to window_hi, and the total, are exactly MassChunkAvx512's. The scalar add per
-// token, half of that pass on a near-flat row, is left to the window's tokens.
+// token, half of that pass on a near-flat row, is left to the window's tokens. Touches only bins
+// [max(0, window_lo - 1), window_hi + 1].
 SAMPLERD_AVX512 inline int32_t MassChunkWindowedAvx512(const BinSpec& s, const float* z, int64_t n,
                                                        Mass* mass) {
   const ExpTable512 table;
@@ -239,9 +240,16 @@ SAMPLERD_AVX512 inline int32_t MassChunkWindowedAvx512(const BinSpec& s, const f
       mass[bins[i]] += kCountOne + masses[i];
     }
   }
-  // The tail goes to its exact bins: any placement at or below a token's own bin, and above
-  // window_lo - 1 for one above the window, keeps the window's cumulative sums.
-  int32_t last = std::max(MaxLanes(end), HistogramChunkScalar<true>(s, z, j, n, nullptr, mass));
+  // The tail (< 8 tokens) as the lanes above: every bin touched is in
+  // [window_lo - 1, window_hi + 1].
+  int32_t last = MaxLanes(end);
+  for (; j < n; ++j) {
+    const int32_t b = BinOf(s, z[j]);
+    if (b < 0) continue;
+    const int32_t kept = std::clamp(b, s.window_lo - 1, s.window_hi + 1);
+    mass[kept] += kCountOne + QuantisedMass(z[j], s.mx);
+    last = std::max(last, kept + 1);
+  }
   if (above_count > 0) {
     mass[s.window_lo - 1] +=
         (static_cast<Mass>(above_count) << 96) +

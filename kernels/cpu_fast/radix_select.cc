@@ -148,15 +148,17 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
   spec.span = r.hi - r.lo;
   spec.shift = r.shift;
   const bool with_masses = r.Masses();
-  const bool windowed = r.grid && (r.window_lo > 0 || r.window_hi < kGridBins);
-  const bool avx2 = UseAvx2();
   const bool avx512 = UseAvx512();
+  const bool windowed = avx512 && r.grid && (r.window_lo > 0 || r.window_hi < kGridBins);
+  const bool avx2 = UseAvx2();
   if (t.histogram_dirty) {  // an abandoned task's partial sums
     std::fill(t.counts.begin(), t.counts.end(), 0);
     std::fill(t.mass.begin(), t.mass.end(), 0);
   }
   t.histogram_dirty = true;
   int32_t end = 0;  // 1 + the highest bin touched
+  // The lowest bin touched is 0, or window_lo - 1 for MassChunkWindowedAvx512.
+  const int32_t low_bin = windowed ? std::max(0, r.window_lo - 1) : 0;
   for (int64_t begin = t0; begin < t1; begin += kChunk) {
     const int64_t n = std::min(kChunk, t1 - begin);
     const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
@@ -175,13 +177,14 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
     }
     end = std::max(end, chunk_end);
   }
-  // Merge into r stripe by stripe (RowState::stripe_mu), starting at this task's own stripe.
+  // Merge bins [low_bin, end) into r stripe by stripe (RowState::stripe_mu), starting at this
+  // task's own stripe.
   constexpr int kStripes = RowState::kMergeStripes;
-  const int32_t stripe_bins = (end + kStripes - 1) / kStripes;
+  const int32_t stripe_bins = (end - low_bin + kStripes - 1) / kStripes;
   const uint32_t first = r.merge_ticket.fetch_add(1, std::memory_order_relaxed);
   for (int k = 0; k < kStripes && stripe_bins > 0; ++k) {
     const int stripe = static_cast<int>((first + k) % kStripes);
-    const int32_t b0 = stripe * stripe_bins;
+    const int32_t b0 = low_bin + stripe * stripe_bins;
     const int32_t b1 = std::min(end, b0 + stripe_bins);
     if (b0 >= b1) continue;
     std::lock_guard<std::mutex> lock(r.stripe_mu[stripe]);
@@ -192,7 +195,7 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
     }
   }
   if (with_masses) {
-    std::fill(mass, mass + end, 0);
+    std::fill(mass + low_bin, mass + std::max(low_bin, end), 0);
   } else {
     std::fill(counts, counts + end, 0);
   }
@@ -326,6 +329,10 @@ void Advance(int64_t gather_cap, RowState& r) {
     for (int b = 0; b < r.bins; ++b) r.total += r.mass[b];
   }
   const double limit = static_cast<double>(r.p.top_p) * static_cast<double>(r.total);
+  // Sums below `short_of` convert to doubles below the limit (rounding is monotone, and
+  // short_of <= limit * (1 - 2^-50) < limit's double), so only the last bins before the
+  // boundary pay for the 128-bit conversion (a library call).
+  const Mass short_of = static_cast<Mass>(limit * (1.0 - 0x1p-50));
   int64_t count = r.count_above;
   Mass cumulative = r.mass_above;
   uint32_t p_key = UINT32_MAX;  // top-p keeps keys <= this
@@ -335,7 +342,8 @@ void Advance(int64_t gather_cap, RowState& r) {
     const Mass before_mass = cumulative;
     count += r.counts[b];
     cumulative += r.mass[b];
-    const bool reached = top_p ? static_cast<double>(cumulative) >= limit : count >= r.p.top_k;
+    const bool reached = top_p ? cumulative >= short_of && static_cast<double>(cumulative) >= limit
+                               : count >= r.p.top_k;
     if (!reached) continue;
     if (r.grid && (b < r.window_lo || b > r.window_hi)) {
       // The window (NarrowMassWindow) missed the boundary: only its bins are exact, so the
