@@ -266,28 +266,67 @@ SAMPLERD_AVX512 inline void MulHiLo16(__m512i a, __m512i m, __m512i& hi, __m512i
   lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
 }
 
-// Philox8 for the 16 blocks block[0, 16): word i of block b in out[i * 16 + b].
-SAMPLERD_AVX512 void Philox16(const uint32_t* block, uint64_t position, PhiloxKey key,
-                              uint32_t* out) {
-  __m512i c0 = _mm512_loadu_si512(block);
-  __m512i c1 = _mm512_setzero_si512();
-  __m512i c2 = _mm512_set1_epi32(static_cast<int32_t>(position));
-  __m512i c3 = _mm512_set1_epi32(static_cast<int32_t>(position >> 32));
+// What Philox16 needs besides the blocks, for one (seed, position): the round keys, and the
+// parts of the first two rounds that do not depend on the block. Counter words 1-3 are
+// {0, position lo, position hi} for every block, so round 1's product of word 2 and round 2's
+// product of word 0 are the same for all blocks.
+struct Philox16Constants {
+  __m512i key0[kPhiloxRounds];
+  __m512i key1[kPhiloxRounds];
+  __m512i round1_c0;      // round 1's new word 0: hi(M1 * position lo) ^ 0 ^ key0
+  __m512i round1_c1;      // its new word 1: lo(M1 * position lo)
+  __m512i round2_hi0;     // round 2's hi(M0 * word 0), ^ key1 (its new word 2 minus word 3)
+  __m512i round2_c3;      // its new word 3: lo(M0 * word 0)
+  __m512i round2_c1_key;  // round 1's word 1 ^ round 2's key0 (its new word 0 minus hi1)
+  __m512i position_hi;    // counter word 3
+
+  SAMPLERD_AVX512 Philox16Constants(uint64_t position, PhiloxKey key) {
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      if (round > 0) {
+        key.word[0] += kPhiloxW0;
+        key.word[1] += kPhiloxW1;
+      }
+      key0[round] = _mm512_set1_epi32(static_cast<int32_t>(key.word[0]));
+      key1[round] = _mm512_set1_epi32(static_cast<int32_t>(key.word[1]));
+    }
+    const __m512i m0 = _mm512_set1_epi32(static_cast<int32_t>(kPhiloxM0));
+    const __m512i m1 = _mm512_set1_epi32(static_cast<int32_t>(kPhiloxM1));
+    position_hi = _mm512_set1_epi32(static_cast<int32_t>(position >> 32));
+    __m512i hi, lo;
+    MulHiLo16(_mm512_set1_epi32(static_cast<int32_t>(position)), m1, hi, lo);
+    round1_c0 = _mm512_xor_si512(hi, key0[0]);
+    round1_c1 = lo;
+    MulHiLo16(round1_c0, m0, hi, lo);
+    round2_hi0 = _mm512_xor_si512(hi, key1[1]);
+    round2_c3 = lo;
+    round2_c1_key = _mm512_xor_si512(round1_c1, key0[1]);
+  }
+};
+
+// Philox8 for the 16 blocks block[0, 16): word i of block b in out[i * 16 + b]. Rounds 1 and 2
+// take one product each (Philox16Constants has the other); the same bits.
+SAMPLERD_AVX512 void Philox16(const uint32_t* block, const Philox16Constants& k, uint32_t* out) {
   const __m512i m0 = _mm512_set1_epi32(static_cast<int32_t>(kPhiloxM0));
   const __m512i m1 = _mm512_set1_epi32(static_cast<int32_t>(kPhiloxM1));
-  for (int round = 0; round < kPhiloxRounds; ++round) {
-    if (round > 0) {
-      key.word[0] += kPhiloxW0;
-      key.word[1] += kPhiloxW1;
-    }
-    __m512i hi0, lo0, hi1, lo1;
+  __m512i hi0, lo0, hi1, lo1;
+  // Round 1: words {block, 0, position lo, position hi}.
+  MulHiLo16(_mm512_loadu_si512(block), m0, hi0, lo0);
+  __m512i c0 = k.round1_c0;
+  __m512i c1 = k.round1_c1;
+  __m512i c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, k.position_hi), k.key1[0]);
+  __m512i c3 = lo0;
+  // Round 2: word 0 is the same for every block.
+  MulHiLo16(c2, m1, hi1, lo1);
+  c0 = _mm512_xor_si512(hi1, k.round2_c1_key);
+  c1 = lo1;
+  c2 = _mm512_xor_si512(k.round2_hi0, c3);
+  c3 = k.round2_c3;
+  for (int round = 2; round < kPhiloxRounds; ++round) {
     MulHiLo16(c0, m0, hi0, lo0);
     MulHiLo16(c2, m1, hi1, lo1);
-    c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1),
-                          _mm512_set1_epi32(static_cast<int32_t>(key.word[0])));
+    c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), k.key0[round]);
     c1 = lo1;
-    c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3),
-                          _mm512_set1_epi32(static_cast<int32_t>(key.word[1])));
+    c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), k.key1[round]);
     c3 = lo0;
   }
   _mm512_storeu_si512(out, c0);
@@ -302,6 +341,7 @@ SAMPLERD_AVX512 int64_t DrawAvx512(const float* z, int64_t begin, int64_t n, uin
                                    Best& best) {
   if (static_cast<uint64_t>(begin + n) >= (uint64_t{1} << 34)) return 0;
   const float* bound = Bounds().bound;
+  const Philox16Constants constants(p.position, key);
   StepBlocks s;
   alignas(64) uint32_t words[64];
   int64_t j0 = 0;
@@ -310,7 +350,7 @@ SAMPLERD_AVX512 int64_t DrawAvx512(const float* z, int64_t begin, int64_t n, uin
     j0 = ListBlocks(z, begin, j0, step_end, top, span, best.floor, s);
     BucketFilter filter;
     for (int q0 = 0; q0 < s.count; q0 += 16) {
-      Philox16(s.block + q0, p.position, key, words);
+      Philox16(s.block + q0, constants, words);
       uint32_t w_min;
       if (!filter.Update(s.v_max, best, bound, &w_min)) continue;
       const int valid = std::min(16, s.count - q0);
