@@ -335,6 +335,57 @@ SAMPLERD_AVX512 void Philox16(const uint32_t* block, const Philox16Constants& k,
   _mm512_storeu_si512(out + 48, c3);
 }
 
+// For each 4-bit mask of live blocks, their positions packed to the front.
+struct PackedBlocks {
+  alignas(16) uint32_t position[16][4] = {};
+  constexpr PackedBlocks() {
+    for (int mask = 0; mask < 16; ++mask) {
+      int k = 0;
+      for (int b = 0; b < 4; ++b) {
+        if ((mask >> b) & 1) position[mask][k++] = static_cast<uint32_t>(b);
+      }
+    }
+  }
+};
+constexpr PackedBlocks kPackedBlocks;
+
+// ListBlocks for DrawAvx512, 16 tokens at a time: lists the live blocks only, with no masks of
+// their tokens (the few tokens whose bits pass the bucket filter are checked one by one).
+SAMPLERD_AVX512 inline int64_t ListBlocks16(const float* z, int64_t begin, int64_t j0,
+                                            int64_t step_end, uint32_t top, uint32_t span,
+                                            float floor, StepBlocks& out) {
+  const __m512i topv = _mm512_set1_epi32(static_cast<int32_t>(top));
+  const __m512i spanv = _mm512_set1_epi32(static_cast<int32_t>(span));
+  const __m512 above = _mm512_set1_ps(kGumbelAbove);
+  const __m512 floorv = _mm512_set1_ps(floor);
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512 v_max = _mm512_set1_ps(-kInf);
+  int count = 0;
+  for (; j0 < step_end; j0 += 16) {
+    const __mmask16 load = step_end - j0 >= 16 ? 0xFFFF : 0x00FF;  // step_end - j0 % 8 == 0
+    const __m512 v = _mm512_maskz_loadu_ps(load, z + j0);
+    v_max = _mm512_mask_max_ps(v_max, load, v, v_max);
+    const __mmask16 reach =
+        _mm512_mask_cmp_ps_mask(load, _mm512_add_ps(v, above), floorv, _CMP_GE_OQ);
+    // KeyOf of 16 values (order_keys.h), then KeyOf(v) - top <= span.
+    const __m512i u = _mm512_castps_si512(_mm512_add_ps(v, _mm512_setzero_ps()));
+    const __m512i key =
+        _mm512_xor_si512(u, _mm512_andnot_si512(_mm512_srai_epi32(u, 31), magnitude));
+    uint32_t t = _mm512_mask_cmple_epu32_mask(reach, _mm512_sub_epi32(key, topv), spanv);
+    t |= t >> 1;
+    t |= t >> 2;  // bit 4b: a token of block b is listed
+    const uint32_t live = (t & 1) | ((t >> 3) & 2) | ((t >> 6) & 4) | ((t >> 9) & 8);
+    const __m128i packed =
+        _mm_load_si128(reinterpret_cast<const __m128i*>(kPackedBlocks.position[live]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.block + count),
+                     _mm_add_epi32(packed, _mm_set1_epi32(static_cast<int32_t>((begin + j0) / 4))));
+    count += __builtin_popcount(live);
+  }
+  out.count = count;
+  out.v_max = _mm512_reduce_max_ps(v_max);
+  return step_end;  // j0 passed it by 8 when the step ended on a half
+}
+
 // DrawAvx2 with 16 blocks per Philox call (AVX-512 F).
 SAMPLERD_AVX512 int64_t DrawAvx512(const float* z, int64_t begin, int64_t n, uint32_t top,
                                    uint32_t span, const RowParams& p, const PhiloxKey& key,
@@ -347,7 +398,7 @@ SAMPLERD_AVX512 int64_t DrawAvx512(const float* z, int64_t begin, int64_t n, uin
   int64_t j0 = 0;
   while (j0 + 8 <= n) {
     const int64_t step_end = std::min(n & ~int64_t{7}, j0 + StepBlocks::kStep);
-    j0 = ListBlocks(z, begin, j0, step_end, top, span, best.floor, s);
+    j0 = ListBlocks16(z, begin, j0, step_end, top, span, best.floor, s);
     BucketFilter filter;
     for (int q0 = 0; q0 < s.count; q0 += 16) {
       Philox16(s.block + q0, constants, words);
@@ -355,17 +406,16 @@ SAMPLERD_AVX512 int64_t DrawAvx512(const float* z, int64_t begin, int64_t n, uin
       if (!filter.Update(s.v_max, best, bound, &w_min)) continue;
       const int valid = std::min(16, s.count - q0);
       const __mmask16 lanes = static_cast<__mmask16>((1u << valid) - 1);
-      const __m512i masks =
-          _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(s.mask + q0)));
       const __m512i w_minv = _mm512_set1_epi32(static_cast<int32_t>(w_min));
       for (int i = 0; i < 4; ++i) {
-        const __mmask16 in = _mm512_mask_test_epi32_mask(lanes, masks, _mm512_set1_epi32(1 << i));
         const __m512i w = _mm512_load_si512(words + 16 * i);
-        for (uint32_t bits = _mm512_mask_cmpge_epu32_mask(in, w, w_minv); bits != 0;
+        for (uint32_t bits = _mm512_mask_cmpge_epu32_mask(lanes, w, w_minv); bits != 0;
              bits &= bits - 1) {
           const int q = __builtin_ctz(bits);
           const int64_t token = static_cast<int64_t>(s.block[q0 + q]) * 4 + i;
-          best.Offer(z[token - begin], words[16 * i + q], token, bound);
+          const float v = z[token - begin];
+          if (KeyOf(v) - top > span) continue;  // a live block's token that does not survive
+          best.Offer(v, words[16 * i + q], token, bound);
         }
       }
     }

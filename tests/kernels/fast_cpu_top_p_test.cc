@@ -3,9 +3,10 @@
 // window a sample puts around the boundary (and the second grid pass when the sample misses),
 // and the draw's noise-bucket filter. Rows of the shapes the host plane sees (flat, bf16-rounded
 // with many ties, Zipf, randn * 3) and vocabularies with a partial last chunk, every row
-// sampled on the AVX-512, AVX2 and scalar paths and on 1 and 3 threads. These rows were checked
-// to give the oracle's tokens before the fast paths existed (commit 655724e), so any token the
-// fast paths changed fails here.
+// sampled on the AVX-512, AVX2 and scalar paths, on 1 and 3 threads, and with a gather cap of
+// 16 (short rows then take the row-wide draw). These rows were checked to give the oracle's
+// tokens before the fast paths existed (commit 655724e), so any token the fast paths changed
+// fails here.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -171,11 +172,17 @@ TEST(FastCpuTopPTest, NearFlatAndPeakedRowsGiveTheOraclesTokensOnEveryPath) {
   FastCpuSampler::Options three = one;
   three.threads = 3;
   three.spin_us = 50;
-  FastCpuSampler samplers[] = {FastCpuSampler(one), FastCpuSampler(three)};
+  // A small gather cap sends short rows through the histogram passes and the row-wide draw.
+  FastCpuSampler::Options small_cap = three;
+  small_cap.threads = 2;
+  small_cap.gather_cap = 16;
+  FastCpuSampler samplers[] = {FastCpuSampler(one), FastCpuSampler(three),
+                               FastCpuSampler(small_cap)};
   int rows_checked = 0;
   // 151,936 and 50,000: a partial last chunk of 8,192; 24,576: whole chunks; 9,001: a sample
-  // stride of 17; 4,099: too short for a window.
-  for (int64_t vocab : {151936, 50000, 24576, 9001, 4099}) {
+  // stride of 17; 4,099: too short for a window; 1,001 and 111: 8-token vector steps and a
+  // scalar tail in the draw.
+  for (int64_t vocab : {151936, 50000, 24576, 9001, 4099, 1001, 111}) {
     for (Shape shape : {Shape::kFlat, Shape::kBf16Rounded, Shape::kZipf, Shape::kRandn,
                         Shape::kMisleadingSample}) {
       const DType dtype =
@@ -196,7 +203,7 @@ TEST(FastCpuTopPTest, NearFlatAndPeakedRowsGiveTheOraclesTokensOnEveryPath) {
       rows_checked += static_cast<int>(rows.batch);
     }
   }
-  EXPECT_EQ(rows_checked, 300);
+  EXPECT_EQ(rows_checked, 420);
 }
 
 }  // namespace
