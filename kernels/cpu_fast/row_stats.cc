@@ -129,10 +129,8 @@ SAMPLERD_AVX2 int64_t FirstEqualAvx2(const unsigned char* x, int64_t n, float m)
 
 }  // namespace
 
-ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t chunk,
+ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t begin, int64_t n,
                              const RowParams& p) {
-  const int64_t begin = chunk * kChunk;
-  const int64_t n = std::min(kChunk, args.vocab - begin);
   const unsigned char* x = Fp32Chunk(args, row, begin);
   if (x == nullptr) {  // fp16 / bf16: widen into the scratch first
     float* scratch = Scratch().x.data();
