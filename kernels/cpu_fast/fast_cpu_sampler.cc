@@ -9,11 +9,13 @@
 // per task when B >= threads), each row's state in a RowState (row_state.h):
 //   1. stats   NaN / -inf / +inf flags, max and min finite z (x for greedy rows, which end
 //              here), then the row's plan (row_stats.h).
-//   2. select  (rows with top-k or top-p) the thresholds: a pass binning z on a fixed grid
-//              below the row max, then a gather of the boundary bin, or radix passes over
-//              order-preserving integer keys of z (radix_select.h, order_keys.h). Masses are
-//              exp(z - mx) quantised to 2^-62 units and summed as integers, so no sum depends on
-//              how tokens were split over tasks (quantised_mass.h).
+//   2. select  (rows with top-k or top-p) the thresholds: a pass binning z on a grid below the
+//              row max (spread over the row's span), then a gather of the boundary bin, or
+//              radix passes over order-preserving integer keys of z (radix_select.h,
+//              order_keys.h). Masses are exp(z - mx) quantised to 2^-62 units and summed as
+//              integers, so no sum depends on how tokens were split over tasks
+//              (quantised_mass.h); a top-p grid pass keeps per-bin sums only in a window that a
+//              sample of the row puts around the boundary, and runs again if it missed.
 //   3. draw    plain-temperature rows (temperature alone, finite max z): the inverse-CDF draw,
 //              mass sums per piece of the row in parallel, then the crossing piece scanned,
 //              within a proven margin of the oracle's index-order sums or else the oracle's own

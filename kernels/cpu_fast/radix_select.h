@@ -52,9 +52,11 @@ void Gather(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowStat
 
 // Runs once every chunk of the row's current pass is in. After a histogram pass: picks the bin
 // holding the stage's boundary, then refines it, gathers the tokens at or above it, or (a single
-// key) takes its value as the threshold. After a gather pass: finishes the stage on the gathered
-// tokens. Then starts the next stage, or leaves r.plan as Plan::kDraw (draw over keys <=
-// r.draw_key) or Plan::kDone (token drawn from the gathered tokens).
+// key) takes its value as the threshold; if the bin lies outside the pass's window
+// (NarrowMassWindow), starts the grid pass again with every bin exact. After a gather pass:
+// finishes the stage on the gathered tokens. Then starts the next stage, or leaves r.plan as
+// Plan::kDraw (draw over keys <= r.draw_key) or Plan::kDone (token drawn from the gathered
+// tokens).
 void Advance(int64_t gather_cap, RowState& r);
 
 }  // namespace samplerd::kernels::cpu_fast_internal
