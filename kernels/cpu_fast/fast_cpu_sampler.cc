@@ -9,11 +9,13 @@
 // per task when B >= threads), each row's state in a RowState (row_state.h):
 //   1. stats   NaN / -inf / +inf flags, max and min finite z (x for greedy rows, which end
 //              here), then the row's plan (row_stats.h).
-//   2. select  (rows with top-k or top-p) the thresholds: a pass binning z on a fixed grid
-//              below the row max, then a gather of the boundary bin, or radix passes over
-//              order-preserving integer keys of z (radix_select.h, order_keys.h). Masses are
-//              exp(z - mx) quantised to 2^-62 units and summed as integers, so no sum depends on
-//              how tokens were split over tasks (quantised_mass.h).
+//   2. select  (rows with top-k or top-p) the thresholds: a pass binning z on a grid below the
+//              row max (spread over the row's span), then a gather of the boundary bin, or
+//              radix passes over order-preserving integer keys of z (radix_select.h,
+//              order_keys.h). Masses are exp(z - mx) quantised to 2^-62 units and summed as
+//              integers, so no sum depends on how tokens were split over tasks
+//              (quantised_mass.h); a top-p grid pass keeps per-bin sums only in a window that a
+//              sample of the row puts around the boundary, and runs again if it missed.
 //   3. draw    plain-temperature rows (temperature alone, finite max z): the inverse-CDF draw,
 //              mass sums per piece of the row in parallel, then the crossing piece scanned,
 //              within a proven margin of the oracle's index-order sums or else the oracle's own
@@ -106,7 +108,7 @@ struct FastCpuSampler::Impl {
   std::vector<unsigned char> snapshot;  // snapshot_logits: [batch, vocab] elements
   std::atomic<bool> failed{false};
   std::atomic<int64_t> inverse_cdf_fallbacks{0};
-  int64_t chunks = 0;  // per row
+  int64_t chunks = 0;  // stats pieces per row
   std::vector<ChunkStats> stats;
   std::vector<std::unique_ptr<RowState>> rows;
   std::vector<int64_t> selecting, drawn, plain;  // reused across calls
@@ -118,23 +120,21 @@ bool FastCpuSampler::Impl::SampleWithLogprobs(const SampleArgs& args) {
 
 namespace {
 
-// Stats of chunk `chunk` of `row` (ComputeChunkStats). With a snapshot (`in` reads the
-// sampler's copy), a non-greedy row's chunk is first copied there from `args`, and its stats
-// are those of the copy, which every later pass reads.
+// Stats of tokens [begin, begin + n) of `row` (ComputeChunkStats). With a snapshot (`in` reads
+// the sampler's copy), a non-greedy row's tokens are first copied there from `args`, and their
+// stats are those of the copy, which every later pass reads.
 ChunkStats SnapshotChunkStats(const SampleArgs& args, const SampleArgs& in, int64_t row,
-                              int64_t chunk, const RowParams& p) {
+                              int64_t begin, int64_t n, const RowParams& p) {
   if (in.logits == args.logits || p.temperature < kGreedyTemperature) {
-    return cpu_fast_internal::ComputeChunkStats(args, row, chunk, p);
+    return cpu_fast_internal::ComputeChunkStats(args, row, begin, n, p);
   }
-  const int64_t begin = chunk * kChunk;
-  const int64_t n = std::min(kChunk, args.vocab - begin);
   const int64_t size = DTypeSize(args.dtype);
   std::memcpy(
       static_cast<unsigned char*>(const_cast<void*>(in.logits)) +
           (row * in.row_stride + begin) * size,
       static_cast<const unsigned char*>(args.logits) + (row * args.row_stride + begin) * size,
       static_cast<size_t>(n * size));
-  return cpu_fast_internal::ComputeChunkStats(in, row, chunk, p);
+  return cpu_fast_internal::ComputeChunkStats(in, row, begin, n, p);
 }
 
 }  // namespace
@@ -157,7 +157,10 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
     args.row_stride = args.vocab;
   }
   const int64_t batch = args.batch;
-  chunks = (args.vocab + kChunk - 1) / kChunk;
+  // Stats pieces: kChunk tokens, or a quarter of that when rows are cut over the threads (19
+  // chunks of a V = 151,936 row leave one thread of 8 three where the mean is 2.4).
+  const int64_t piece = batch < pool.threads() ? kChunk / 4 : kChunk;
+  chunks = (args.vocab + piece - 1) / piece;
   if (static_cast<int64_t>(stats.size()) < batch * chunks) stats.resize(batch * chunks);
   while (static_cast<int64_t>(rows.size()) < batch) rows.push_back(std::make_unique<RowState>());
   for (int64_t row = 0; row < batch; ++row) {
@@ -167,7 +170,9 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
   // 1. Stats; greedy rows end here.
   if (!Run(batch * chunks, [&](int64_t i) {
         const int64_t row = i / chunks;
-        stats[i] = SnapshotChunkStats(caller_args, args, row, i % chunks, rows[row]->p);
+        const int64_t begin = i % chunks * piece;
+        stats[i] = SnapshotChunkStats(caller_args, args, row, begin,
+                                      std::min(piece, args.vocab - begin), rows[row]->p);
       })) {
     return false;
   }
@@ -187,7 +192,14 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
   }
 
   // 2. Select: histogram and gather passes until every filtered row has its thresholds (at
-  // most 4 histogram passes per stage: 32 key bits, 10 per pass).
+  // most 4 histogram passes per stage: 32 key bits, 10 per pass). A top-p stage's grid pass
+  // first narrows its exact bins to where a sample puts the boundary (one row per task; at
+  // B = 1 on the calling thread, no barrier).
+  if (!Run(static_cast<int64_t>(selecting.size()), [&](int64_t i) {
+        cpu_fast_internal::NarrowMassWindow(args, selecting[i], *rows[selecting[i]]);
+      })) {
+    return false;
+  }
   while (!selecting.empty()) {
     if (!RunChunks(selecting, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
           RowState& r = *rows[row];

@@ -3,9 +3,12 @@
 //
 // A token skips the noise when z + kGumbelAbove cannot reach the best score so far (or
 // mx - kGumbelBelow, which the row's maximum always reaches); otherwise its Philox bits are
-// drawn (one block per 4 tokens; with AVX2, 8 such blocks per call) and the logs are taken only
-// if z + (an upper bound of G for those bits' top 10 bits) can still reach it. Every skip is
-// exact. Internal to kernels/cpu_fast.
+// drawn (one block per 4 tokens; with AVX2, 8 such blocks per call, with AVX-512 16) and the
+// logs are taken only if z + (an upper bound of G for those bits' top 10 bits) can still reach
+// it. The vector draws check that bound for a whole step of 256 tokens at once: bits below the
+// lowest 10-bit bucket that the step's largest z needs are dropped with one compare, so on a
+// near-flat row, where every token survives, the draw is its Philox calls. Every skip is exact.
+// Internal to kernels/cpu_fast.
 #ifndef SAMPLERD_KERNELS_CPU_FAST_GUMBEL_DRAW_H_
 #define SAMPLERD_KERNELS_CPU_FAST_GUMBEL_DRAW_H_
 

@@ -112,13 +112,6 @@ SAMPLERD_AVX2 inline __m256i QuantisedMass4(__m256d x) {
   return _mm256_and_si256(_mm256_or_si256(up, down), in_range);
 }
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wuninitialized reports
-// wherever they are inlined (a known false positive): silenced for the AVX-512 code.
-#define SAMPLERD_AVX512_WARNINGS_OFF                                                   \
-  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"") \
-      _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
-#define SAMPLERD_AVX512_WARNINGS_ON _Pragma("GCC diagnostic pop")
-
 SAMPLERD_AVX512_WARNINGS_OFF
 
 // The 64 table entries in 8 registers, for QuantisedMass8.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu_fast/bin_kernels.h"
@@ -120,7 +121,7 @@ uint32_t FirstKeyOfGridBin(int b, const RowState& r) {
   uint64_t hi = static_cast<uint64_t>(r.hi) + 1;
   while (lo < hi) {
     const uint64_t mid = (lo + hi) / 2;
-    if (GridBin(ValueOf(static_cast<uint32_t>(mid)), r.mx) >= b) {
+    if (GridBin(ValueOf(static_cast<uint32_t>(mid)), r.mx, r.grid_scale) >= b) {
       hi = mid;
     } else {
       lo = mid + 1;
@@ -139,19 +140,25 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
   BinSpec spec;
   spec.grid = r.grid;
   spec.mx = r.mx;
+  spec.scale = r.grid_scale;
+  spec.window_lo = r.window_lo;
+  spec.window_hi = r.window_hi;
   spec.floor = ValueOf(r.hi);
   spec.lo = r.lo;
   spec.span = r.hi - r.lo;
   spec.shift = r.shift;
   const bool with_masses = r.Masses();
-  const bool avx2 = UseAvx2();
   const bool avx512 = UseAvx512();
+  const bool windowed = avx512 && r.grid && (r.window_lo > 0 || r.window_hi < kGridBins);
+  const bool avx2 = UseAvx2();
   if (t.histogram_dirty) {  // an abandoned task's partial sums
     std::fill(t.counts.begin(), t.counts.end(), 0);
     std::fill(t.mass.begin(), t.mass.end(), 0);
   }
   t.histogram_dirty = true;
   int32_t end = 0;  // 1 + the highest bin touched
+  // The lowest bin touched is 0, or window_lo - 1 for MassChunkWindowedAvx512.
+  const int32_t low_bin = windowed ? std::max(0, r.window_lo - 1) : 0;
   for (int64_t begin = t0; begin < t1; begin += kChunk) {
     const int64_t n = std::min(kChunk, t1 - begin);
     const float* z = ScaledChunk(args, row, begin, n, r.p.temperature, scratch);
@@ -159,8 +166,9 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
 #if SAMPLERD_CPU_FAST_X86
     if (avx2) {
       chunk_end = !with_masses ? CountChunkAvx2(spec, z, n, t.bins.data(), counts)
-                  : avx512     ? MassChunkAvx512(spec, z, n, mass)
-                               : MassChunkAvx2(spec, z, n, mass);
+                  : !avx512    ? MassChunkAvx2(spec, z, n, mass)
+                  : windowed   ? MassChunkWindowedAvx512(spec, z, n, mass)
+                               : MassChunkAvx512(spec, z, n, mass);
     }
 #endif
     if (!avx2) {
@@ -169,13 +177,14 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
     }
     end = std::max(end, chunk_end);
   }
-  // Merge into r stripe by stripe (RowState::stripe_mu), starting at this task's own stripe.
+  // Merge bins [low_bin, end) into r stripe by stripe (RowState::stripe_mu), starting at this
+  // task's own stripe.
   constexpr int kStripes = RowState::kMergeStripes;
-  const int32_t stripe_bins = (end + kStripes - 1) / kStripes;
+  const int32_t stripe_bins = (end - low_bin + kStripes - 1) / kStripes;
   const uint32_t first = r.merge_ticket.fetch_add(1, std::memory_order_relaxed);
   for (int k = 0; k < kStripes && stripe_bins > 0; ++k) {
     const int stripe = static_cast<int>((first + k) % kStripes);
-    const int32_t b0 = stripe * stripe_bins;
+    const int32_t b0 = low_bin + stripe * stripe_bins;
     const int32_t b1 = std::min(end, b0 + stripe_bins);
     if (b0 >= b1) continue;
     std::lock_guard<std::mutex> lock(r.stripe_mu[stripe]);
@@ -186,11 +195,29 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
     }
   }
   if (with_masses) {
-    std::fill(mass, mass + end, 0);
+    std::fill(mass + low_bin, mass + std::max(low_bin, end), 0);
   } else {
     std::fill(counts, counts + end, 0);
   }
   t.histogram_dirty = false;
+}
+
+constexpr int kGroupBins = 64;
+constexpr int kWindowGroups = (kGridBins + kGroupBins) / kGroupBins;
+
+// The first grid bin whose cumulative weight from bin 0 reaches `target` (kGridBins if none),
+// by a scan of the groups' sums, then of the bins of the group that reaches it.
+int FirstBinReaching(const double* weight, const double* group, double target) {
+  double cumulative = 0.0;
+  int g = 0;
+  for (; g < kWindowGroups && cumulative + group[g] < target; ++g) cumulative += group[g];
+  if (g == kWindowGroups) return kGridBins;
+  const int last = std::min(kGridBins, g * kGroupBins + kGroupBins - 1);
+  for (int b = g * kGroupBins; b < last; ++b) {
+    cumulative += weight[b];
+    if (cumulative >= target) return b;
+  }
+  return last;
 }
 
 }  // namespace
@@ -212,7 +239,50 @@ void StartStage(int64_t gather_cap, RowState& r) {
     return;
   }
   r.stage_count = -1;
-  r.SetGrid(top, bottom);
+  r.SetGrid(top, bottom, GridScale(r.mx, floor));
+}
+
+void NarrowMassWindow(const SampleArgs& args, int64_t row, RowState& r) {
+  if (r.stage != Stage::kTopP || r.pass != Pass::kHistogram || !r.grid) return;
+  // 512 tokens: on a flat row the sample's cumulative mass fraction at the boundary is within
+  // ~0.01 of the row's, and the window (8 standard errors each side) holds ~15% of the tokens.
+  constexpr int64_t kSample = 512;
+  constexpr double kStandardErrors = 8.0;
+  const int64_t stride = args.vocab / kSample;
+  if (stride < 16) return;  // a short row: the whole pass costs little more than the sample
+  // The sample's masses per grid bin and per group of kGroupBins bins (a short scan below).
+  std::vector<double>& weight = Scratch().window_weight;
+  weight.assign(kGridBins + 1 + kWindowGroups, 0.0);
+  double* group = weight.data() + kGridBins + 1;
+  double sum = 0.0;
+  double sum_squares = 0.0;
+  const uint32_t span = r.hi - r.lo;
+  const unsigned char* fp32 = Fp32Chunk(args, row, 0);
+  for (int64_t k = 0; k < kSample; ++k) {
+    const int64_t j = k * stride + stride / 2;
+    float x;
+    if (fp32 != nullptr) {
+      std::memcpy(&x, fp32 + j * 4, 4);
+    } else {
+      LoadChunk(args, row, j, 1, &x);
+    }
+    const float z = x / r.p.temperature;
+    if (KeyOf(z) - r.lo > span) continue;  // not in the stage
+    const double w = static_cast<double>(QuantisedMass(z, r.mx)) / kMassScale;
+    const int b = GridBin(z, r.mx, r.grid_scale);
+    weight[b] += w;
+    group[b / kGroupBins] += w;
+    sum += w;
+    sum_squares += w * w;
+  }
+  // The sample's effective size: (sum w)^2 / sum w^2, 1 when one token holds all its mass.
+  if (!(sum > 0.0) || sum * sum < 0.5 * kSample * sum_squares) return;
+  const double effective = sum * sum / sum_squares;
+  const double p = r.p.top_p;
+  const double margin = kStandardErrors * std::sqrt(std::max(p * (1.0 - p), 0.01) / effective);
+  // The bins where the cumulative fraction reaches p - margin and p + margin, one more each side.
+  r.window_lo = std::max(0, FirstBinReaching(weight.data(), group, (p - margin) * sum) - 1);
+  r.window_hi = std::min(kGridBins, FirstBinReaching(weight.data(), group, (p + margin) * sum) + 1);
 }
 
 void Histogram(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
@@ -259,6 +329,10 @@ void Advance(int64_t gather_cap, RowState& r) {
     for (int b = 0; b < r.bins; ++b) r.total += r.mass[b];
   }
   const double limit = static_cast<double>(r.p.top_p) * static_cast<double>(r.total);
+  // Sums below `short_of` convert to doubles below the limit (rounding is monotone, and
+  // short_of <= limit * (1 - 2^-50) < limit's double), so only the last bins before the
+  // boundary pay for the 128-bit conversion (a library call).
+  const Mass short_of = static_cast<Mass>(limit * (1.0 - 0x1p-50));
   int64_t count = r.count_above;
   Mass cumulative = r.mass_above;
   uint32_t p_key = UINT32_MAX;  // top-p keeps keys <= this
@@ -268,8 +342,16 @@ void Advance(int64_t gather_cap, RowState& r) {
     const Mass before_mass = cumulative;
     count += r.counts[b];
     cumulative += r.mass[b];
-    const bool reached = top_p ? static_cast<double>(cumulative) >= limit : count >= r.p.top_k;
+    const bool reached = top_p ? cumulative >= short_of && static_cast<double>(cumulative) >= limit
+                               : count >= r.p.top_k;
     if (!reached) continue;
+    if (r.grid && (b < r.window_lo || b > r.window_hi)) {
+      // The window (NarrowMassWindow) missed the boundary: only its bins are exact, so the
+      // grid pass again, every bin exact.
+      r.total = 0;
+      r.SetGrid(r.lo, r.hi, r.grid_scale);
+      return;
+    }
     uint32_t bin_lo, bin_hi;
     if (r.grid) {
       bin_lo = FirstKeyOfGridBin(b, r);

@@ -19,15 +19,21 @@ namespace samplerd::kernels::cpu_fast_internal {
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 inline constexpr int kBinBits = 10;
 inline constexpr int kMaxBins = 1 << kBinBits;  // bins of one radix histogram pass
-// The first pass of a stage bins z on a fixed grid below the row max instead (radix_select.h):
-// bin floor((mx - z) * kGridBinsPerLogit) while mx - z < kGridLogits, else kGridBins.
-// 1/32 logit: a randn * 3 row's top-p 0.95 boundary bin holds ~250 tokens (one gather), and a
-// task's histogram (merged under the row's lock) stays small.
-inline constexpr float kGridBinsPerLogit = 32.0f;
-inline constexpr float kGridLogits = 44.0f;  // masses below exp(-44) quantise to 0
+// The first pass of a stage bins z on a grid below the row max instead (radix_select.h): bin
+// floor((mx - z) * scale) while that is < kGridBins, else kGridBins. The scale spreads the
+// grid's bins over the stage's span mx - floor, but never coarser than 1/32 logit over the 44
+// logits below mx where masses do not quantise to 0 (kGridBinsPerLogit * kGridLogits =
+// kGridBins). At 1/32 logit a randn * 3 row's top-p 0.95 boundary bin holds ~250 tokens (one
+// gather); a near-flat row (the 0.5 logits of N(0, 0.05), or the ~5 logits of bf16-rounded
+// N(0, 0.6)) put 10,000 tokens in such a bin, which then took a radix pass, an exp per token
+// again, before its gather; spread over its span the bin holds a few hundred. A task's
+// histogram (merged under the row's lock) stays small either way.
+inline constexpr float kGridBinsPerLogit = 32.0f;  // the coarsest scale
+inline constexpr float kGridLogits = 44.0f;        // masses below exp(-44) quantise to 0
 // The index of the bin below the grid.
 inline constexpr int kGridBins = static_cast<int>(kGridLogits * kGridBinsPerLogit);
-inline constexpr int kHistBins =  // bins of any histogram pass
+inline constexpr float kGridMaxScale = 0x1p24f;  // the finest scale, for spans down to 0
+inline constexpr int kHistBins =                 // bins of any histogram pass
     kGridBins + 1 > kMaxBins ? kGridBins + 1 : kMaxBins;
 
 // A sum of quantised masses (quantised_mass.h); wide enough for any vocabulary.
@@ -44,10 +50,20 @@ enum class Plan : uint8_t {
 enum class Stage : uint8_t { kTopK, kTopP };
 enum class Pass : uint8_t { kHistogram, kGather };
 
-// The grid bin of z below the row max mx (z <= mx); non-decreasing as z decreases.
-inline int GridBin(float z, float mx) {
-  const float d = mx - z;
-  return d < kGridLogits ? static_cast<int>(d * kGridBinsPerLogit) : kGridBins;
+// The grid's bins per logit for a stage of z in [floor, mx] (finite): kGridBins over the span,
+// clamped to [kGridBinsPerLogit, kGridMaxScale].
+inline float GridScale(float mx, float floor) {
+  const float span = mx - floor;  // may overflow to +inf: then the coarsest scale
+  if (!(span * kGridMaxScale > static_cast<float>(kGridBins))) return kGridMaxScale;
+  return std::max(kGridBinsPerLogit, static_cast<float>(kGridBins) / span);
+}
+
+// The grid bin of z below the row max mx (z <= mx) at `scale` bins per logit; non-decreasing as
+// z decreases. At scale kGridBinsPerLogit (a power of 2: the product is exact) this is the
+// former fixed grid, floor((mx - z) * 32) while mx - z < 44.
+inline int GridBin(float z, float mx, float scale) {
+  const float f = (mx - z) * scale;
+  return f < static_cast<float>(kGridBins) ? static_cast<int>(f) : kGridBins;
 }
 
 // A gathered token.
@@ -86,7 +102,14 @@ struct RowState {
   // Selection state of the current stage: its tokens are the keys in [KeyOf(mx), stage_hi].
   Stage stage = Stage::kTopK;
   Pass pass = Pass::kHistogram;
-  bool grid = false;        // histogram pass on the grid (GridBin) over keys [lo, hi]
+  bool grid = false;                     // histogram pass on the grid (GridBin) over keys [lo, hi]
+  float grid_scale = kGridBinsPerLogit;  // the grid's bins per logit (GridScale)
+  // A top-p grid pass sums masses per bin only for bins [window_lo, window_hi] (bin_kernels.h,
+  // MassChunkWindowedAvx512); the tokens above the window go into bin window_lo - 1 and those
+  // below into bin window_hi + 1. Every bin from window_lo - 1 to window_hi then has its exact
+  // cumulative mass and count, and the total is exact. [0, kGridBins]: every bin.
+  int32_t window_lo = 0;
+  int32_t window_hi = kGridBins;
   uint32_t lo = 0, hi = 0;  // histogram key range
   int shift = 0;
   int bins = 0;
@@ -137,13 +160,17 @@ struct RowState {
     std::fill(mass.begin(), mass.begin() + bins, 0);
   }
 
-  // Starts a grid histogram pass over keys [range_lo, range_hi] (range_lo = KeyOf(mx)).
-  void SetGrid(uint32_t range_lo, uint32_t range_hi) {
+  // Starts a grid histogram pass over keys [range_lo, range_hi] (range_lo = KeyOf(mx)) at
+  // `scale` bins per logit.
+  void SetGrid(uint32_t range_lo, uint32_t range_hi, float scale) {
     lo = range_lo;
     hi = range_hi;
     bins = kGridBins + 1;
     pass = Pass::kHistogram;
     grid = true;
+    grid_scale = scale;
+    window_lo = 0;
+    window_hi = kGridBins;
     std::fill(counts.begin(), counts.begin() + bins, 0);
     std::fill(mass.begin(), mass.begin() + bins, 0);
   }
@@ -161,6 +188,7 @@ struct ThreadScratch {
   std::vector<Mass> mass = std::vector<Mass>(kHistBins);
   std::vector<int32_t> bins = std::vector<int32_t>(kChunk);  // a chunk's bins
   std::vector<float> row;  // a whole row, for the inverse-CDF draw's fallback (sized on use)
+  std::vector<double> window_weight;  // NarrowMassWindow's sample masses per grid bin
 };
 
 // The calling thread's scratch (thread_local, allocated at its first use).

@@ -72,7 +72,10 @@ SAMPLERD_AVX2 inline float MinLanes(__m256 v) {
 }
 
 // ScanScalar, 8 tokens at a time. _mm256_max_ps(v, m) returns m when v is NaN, as the scalar
-// `v > m ? v : m` does; the sign a zero maximum gets does not matter to any later step.
+// `v > m ? v : m` does; the sign a zero maximum gets does not matter to any later step. With
+// kUnitTemperature (t == 1: x / 1 == x for every x) z is x, and the division, which bounds
+// this loop's speed, is skipped.
+template <bool kUnitTemperature>
 SAMPLERD_AVX2 void ScanAvx2(const unsigned char* x, int64_t n, bool greedy, float t, Scan& s) {
   const __m256 neg_inf = _mm256_set1_ps(-kInf);
   const __m256 pos_inf = _mm256_set1_ps(kInf);
@@ -94,7 +97,7 @@ SAMPLERD_AVX2 void ScanAvx2(const unsigned char* x, int64_t n, bool greedy, floa
     __m256 nan_z = nan_x, inf_z = nan_x;
     for (; j + 8 <= n; j += 8) {
       const __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(x + j * 4));
-      const __m256 z = _mm256_div_ps(v, tv);
+      const __m256 z = kUnitTemperature ? v : _mm256_div_ps(v, tv);
       nan_x = _mm256_or_ps(nan_x, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
       mx = _mm256_max_ps(v, mx);
       nan_z = _mm256_or_ps(nan_z, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
@@ -126,10 +129,8 @@ SAMPLERD_AVX2 int64_t FirstEqualAvx2(const unsigned char* x, int64_t n, float m)
 
 }  // namespace
 
-ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t chunk,
+ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t begin, int64_t n,
                              const RowParams& p) {
-  const int64_t begin = chunk * kChunk;
-  const int64_t n = std::min(kChunk, args.vocab - begin);
   const unsigned char* x = Fp32Chunk(args, row, begin);
   if (x == nullptr) {  // fp16 / bf16: widen into the scratch first
     float* scratch = Scratch().x.data();
@@ -140,7 +141,8 @@ ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t chunk,
   const bool avx2 = UseAvx2();
   Scan scan;
 #if SAMPLERD_CPU_FAST_X86
-  if (avx2) ScanAvx2(x, n, greedy, p.temperature, scan);
+  if (avx2 && p.temperature == 1.0f) ScanAvx2<true>(x, n, greedy, p.temperature, scan);
+  if (avx2 && p.temperature != 1.0f) ScanAvx2<false>(x, n, greedy, p.temperature, scan);
 #endif
   if (!avx2) ScanScalar(x, 0, n, greedy, p.temperature, scan);
   ChunkStats s;

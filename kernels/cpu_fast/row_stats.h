@@ -24,14 +24,16 @@ struct ChunkStats {
   bool pos_inf_z = false;
 };
 
-// The statistics of chunk `chunk` of row `row`, sampled with `p`. Uses the thread's scratch.
-ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t chunk,
+// The statistics of tokens [begin, begin + n) of row `row` (n <= kChunk), sampled with `p`.
+// Uses the thread's scratch.
+ChunkStats ComputeChunkStats(const SampleArgs& args, int64_t row, int64_t begin, int64_t n,
                              const RowParams& p);
 
-// Combines the row's `chunks` statistics stats[0, chunks) in chunk order and resets `r` for
-// this call: sets its status and either its token (Plan::kDone) or its plan. A row to filter by
-// top-k / top-p gets Plan::kSelect and its first stage; the caller then starts that stage
-// (StartStage in radix_select.h). r.p must hold the row's parameters.
+// Combines the statistics of the row's consecutive token ranges stats[0, chunks) (any cut of
+// the row gives the same result) in order and resets `r` for this call: sets its status and
+// either its token (Plan::kDone) or its plan. A row to filter by top-k / top-p gets
+// Plan::kSelect and its first stage; the caller then starts that stage (StartStage in
+// radix_select.h). r.p must hold the row's parameters.
 void Decide(const SampleArgs& args, const ChunkStats* stats, int64_t chunks, RowState& r);
 
 }  // namespace samplerd::kernels::cpu_fast_internal

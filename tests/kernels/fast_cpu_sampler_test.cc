@@ -970,7 +970,8 @@ TEST(FastCpuSamplerTest, ATaskAbandonedMidPassLeavesNoPartialHistogram) {
     ASSERT_TRUE(sampler.Sample(args));
     const int32_t token = out.tokens[0];
     const int stats_tasks = static_cast<int>((vocab + 8191) / 8192);
-    fault_at = calls + stats_tasks + 1;  // the grid pass: one whole-row task on 1 thread
+    // The grid pass: one whole-row task on 1 thread, after the task that narrows its window.
+    fault_at = calls + stats_tasks + 2;
     EXPECT_FALSE(sampler.Sample(args));
     fault_at = -1;
     ASSERT_TRUE(sampler.Sample(args));

@@ -1,0 +1,210 @@
+// FastCpuSampler's top-p fast paths (kernels/cpu_fast, HOST_PLANE_RESULTS.md "Run 5") against
+// the kernels/cpu oracle, token for token: the grid spread over a near-flat row's span, the
+// window a sample puts around the boundary (and the second grid pass when the sample misses),
+// and the draw's noise-bucket filter. Rows of the shapes the host plane sees (flat, bf16-rounded
+// with many ties, Zipf, randn * 3) and vocabularies with a partial last chunk, every row
+// sampled on the AVX-512, AVX2 and scalar paths, on 1 and 3 threads, and with a gather cap of
+// 16 (short rows then take the row-wide draw). These rows were checked to give the oracle's
+// tokens before the fast paths existed (commit 655724e), so any token the fast paths changed
+// fails here.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_sampler.h"
+#include "kernels/cpu_fast/cpu_features.h"
+#include "kernels/cpu_fast/fast_cpu_sampler.h"
+
+namespace samplerd::kernels {
+namespace {
+
+// x rounded to the nearest bf16 (ties to even), as fp32: an engine's bf16 logits handed over
+// as fp32 (bench_fast_cpu's D = 3).
+float RoundToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  bits &= 0xffff0000u;
+  std::memcpy(&x, &bits, sizeof(bits));
+  return x;
+}
+
+enum class Shape { kFlat, kBf16Rounded, kZipf, kRandn, kMisleadingSample };
+
+const char* Name(Shape shape) {
+  switch (shape) {
+    case Shape::kFlat:
+      return "flat";
+    case Shape::kBf16Rounded:
+      return "bf16-rounded";
+    case Shape::kZipf:
+      return "zipf";
+    case Shape::kRandn:
+      return "randn";
+    case Shape::kMisleadingSample:
+      return "misleading sample";
+  }
+  return "?";
+}
+
+// One row of `shape`. kMisleadingSample: a flat row whose tokens at the positions
+// NarrowMassWindow samples (every vocab / 512-th, from the middle of the first stride) sit
+// 0.5 logits above the rest, so that its window misses the boundary.
+void FillRow(Shape shape, int64_t vocab, std::mt19937_64& rng, float* x) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  switch (shape) {
+    case Shape::kFlat:
+    case Shape::kMisleadingSample:
+      for (int64_t j = 0; j < vocab; ++j) x[j] = 0.05f * normal(rng);
+      break;
+    case Shape::kBf16Rounded:
+      for (int64_t j = 0; j < vocab; ++j) x[j] = RoundToBf16(0.6f * normal(rng));
+      break;
+    case Shape::kZipf: {
+      std::vector<int64_t> rank(vocab);
+      for (int64_t j = 0; j < vocab; ++j) rank[j] = j + 1;
+      std::shuffle(rank.begin(), rank.end(), rng);
+      for (int64_t j = 0; j < vocab; ++j) x[j] = -1.1f * std::log(static_cast<float>(rank[j]));
+      break;
+    }
+    case Shape::kRandn:
+      for (int64_t j = 0; j < vocab; ++j) x[j] = 3.0f * normal(rng);
+      break;
+  }
+  if (shape == Shape::kMisleadingSample) {
+    const int64_t stride = vocab / 512;
+    for (int64_t k = 0; stride > 0 && k < 512; ++k) x[k * stride + stride / 2] += 0.5f;
+  }
+}
+
+RowParams Params(float temperature, int32_t top_k, float top_p, float min_p) {
+  RowParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  return p;
+}
+
+// Top-p alone at the host plane's values, with a temperature, after top-k and min-p.
+const RowParams kSettings[] = {
+    Params(1.0f, 0, 0.95f, 0.0f), Params(0.8f, 0, 0.9f, 0.0f),  Params(1.0f, 0, 0.5f, 0.0f),
+    Params(1.0f, 0, 0.99f, 0.0f), Params(0.8f, 50, 0.9f, 0.0f), Params(1.0f, 0, 0.9f, 0.05f),
+};
+
+struct Rows {
+  DType dtype = DType::kFp32;
+  int64_t batch = 0;
+  int64_t vocab = 0;
+  std::vector<unsigned char> bytes;
+  std::vector<RowParams> params;
+
+  SampleArgs Args(std::vector<int32_t>& tokens, std::vector<RowStatus>& status) const {
+    tokens.assign(batch, -2);
+    status.assign(batch, RowStatus::kOk);
+    SampleArgs args;
+    args.logits = bytes.data();
+    args.dtype = dtype;
+    args.batch = batch;
+    args.vocab = vocab;
+    args.row_stride = vocab;
+    args.params = params.data();
+    args.params_count = batch;
+    args.token_ids = tokens.data();
+    args.status = status.data();
+    return args;
+  }
+};
+
+// Every setting twice (two seeds) on rows of `shape`, as fp32 or (bf16) truncated to bf16.
+Rows MakeRows(Shape shape, int64_t vocab, DType dtype, std::mt19937_64& rng) {
+  Rows rows;
+  rows.dtype = dtype;
+  rows.batch = 2 * static_cast<int64_t>(std::size(kSettings));
+  rows.vocab = vocab;
+  std::vector<float> x(vocab);
+  const int64_t size = DTypeSize(dtype);
+  rows.bytes.resize(rows.batch * vocab * size);
+  for (int64_t row = 0; row < rows.batch; ++row) {
+    FillRow(shape, vocab, rng, x.data());
+    unsigned char* out = rows.bytes.data() + row * vocab * size;
+    for (int64_t j = 0; j < vocab; ++j) {
+      uint32_t bits;
+      std::memcpy(&bits, &x[j], 4);
+      if (dtype == DType::kBf16) {
+        const auto half = static_cast<uint16_t>(bits >> 16);
+        std::memcpy(out + j * 2, &half, 2);
+      } else {
+        std::memcpy(out + j * 4, &bits, 4);
+      }
+    }
+    RowParams p = kSettings[row % std::size(kSettings)];
+    p.seed = rng();
+    p.position = rng() % 100000;
+    rows.params.push_back(p);
+  }
+  return rows;
+}
+
+// The vector paths a sampler may take (cpu_features.h), set for one scope.
+class Paths {
+ public:
+  Paths(bool avx2, bool avx512) {
+    cpu_fast_internal::Avx2Allowed().store(avx2);
+    cpu_fast_internal::Avx512Allowed().store(avx512);
+  }
+  ~Paths() {
+    cpu_fast_internal::Avx2Allowed().store(true);
+    cpu_fast_internal::Avx512Allowed().store(true);
+  }
+};
+
+TEST(FastCpuTopPTest, NearFlatAndPeakedRowsGiveTheOraclesTokensOnEveryPath) {
+  std::mt19937_64 rng(20261205);
+  FastCpuSampler::Options one;
+  one.threads = 1;
+  FastCpuSampler::Options three = one;
+  three.threads = 3;
+  three.spin_us = 50;
+  // A small gather cap sends short rows through the histogram passes and the row-wide draw.
+  FastCpuSampler::Options small_cap = three;
+  small_cap.threads = 2;
+  small_cap.gather_cap = 16;
+  FastCpuSampler samplers[] = {FastCpuSampler(one), FastCpuSampler(three),
+                               FastCpuSampler(small_cap)};
+  int rows_checked = 0;
+  // 151,936 and 50,000: a partial last chunk of 8,192; 24,576: whole chunks; 9,001: a sample
+  // stride of 17; 4,099: too short for a window; 1,001 and 111: 8-token vector steps and a
+  // scalar tail in the draw.
+  for (int64_t vocab : {151936, 50000, 24576, 9001, 4099, 1001, 111}) {
+    for (Shape shape : {Shape::kFlat, Shape::kBf16Rounded, Shape::kZipf, Shape::kRandn,
+                        Shape::kMisleadingSample}) {
+      const DType dtype =
+          shape == Shape::kBf16Rounded && vocab == 50000 ? DType::kBf16 : DType::kFp32;
+      const Rows rows = MakeRows(shape, vocab, dtype, rng);
+      std::vector<int32_t> oracle, fast;
+      std::vector<RowStatus> oracle_status, fast_status;
+      CpuSampleRows(rows.Args(oracle, oracle_status), 0, rows.batch);
+      for (FastCpuSampler& sampler : samplers) {
+        for (int path = 0; path < 3; ++path) {
+          const Paths paths(/*avx2=*/path < 2, /*avx512=*/path == 0);
+          ASSERT_TRUE(sampler.Sample(rows.Args(fast, fast_status)));
+          EXPECT_EQ(fast_status, oracle_status);
+          EXPECT_EQ(fast, oracle) << Name(shape) << " V " << vocab << " threads "
+                                  << sampler.threads() << " path " << path;
+        }
+      }
+      rows_checked += static_cast<int>(rows.batch);
+    }
+  }
+  EXPECT_EQ(rows_checked, 420);
+}
+
+}  // namespace
+}  // namespace samplerd::kernels
