@@ -6,7 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 
 namespace samplerd::core {
 
@@ -58,35 +59,25 @@ class TestShm {
   uint8_t* data_ = nullptr;
 };
 
-// Runs `check` in a child process, as user and group 65534 (nobody) when this process is root.
-// `check` returns "" on success or what went wrong; so does this function.
+// Runs `check` on a thread of its own whose credentials alone drop to user and group 65534
+// (nobody) when this process is root, and returns what it returned. The raw setgroups /
+// setresgid / setresuid system calls change only the calling thread's credentials (glibc's
+// wrappers would change every thread's), and threads `check` starts inherit them. No fork: a
+// forked child of a threaded test that runs C++ before exec can deadlock on a lock another thread
+// held at the fork (an allocator's, ASan's among them), and its parent would wait forever.
 inline std::string RunUnprivileged(const std::function<std::string()>& check) {
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = fork();
-  if (pid < 0) return "fork failed";
-  if (pid == 0) {
-    close(fds[0]);
-    std::string result;
-    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) {
+  std::string result;
+  std::thread thread([&] {
+    if (geteuid() == 0 && (syscall(SYS_setgroups, 0, nullptr) != 0 ||
+                           syscall(SYS_setresgid, 65534, 65534, 65534) != 0 ||
+                           syscall(SYS_setresuid, 65534, 65534, 65534) != 0)) {
       result = "cannot drop privileges";
-    } else {
-      result = check();
+      return;
     }
-    ssize_t ignored = write(fds[1], result.data(), result.size());
-    (void)ignored;
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[256];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "the check crashed";
-  return out;
+    result = check();
+  });
+  thread.join();
+  return result;
 }
 
 }  // namespace samplerd::core

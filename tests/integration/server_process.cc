@@ -122,12 +122,25 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const Options& options, std:
   server->pid_ = pid;
   close(log_fd);
   close(exec_pipe[1]);
+  // The pipe closes at the child's exec, or carries its errno; a child stuck before exec is
+  // given up on after 30 s (the destructor SIGKILLs it) instead of being waited for forever.
   int exec_errno = 0;
-  ssize_t n;
+  ssize_t n = -1;
+  pollfd exec_fd = {exec_pipe[0], POLLIN, 0};
+  int ready;
   do {
-    n = read(exec_pipe[0], &exec_errno, sizeof(exec_errno));
-  } while (n < 0 && errno == EINTR);
+    ready = poll(&exec_fd, 1, 30000);
+  } while (ready < 0 && errno == EINTR);
+  if (ready > 0) {
+    do {
+      n = read(exec_pipe[0], &exec_errno, sizeof(exec_errno));
+    } while (n < 0 && errno == EINTR);
+  }
   close(exec_pipe[0]);
+  if (ready <= 0) {
+    *error = "samplerd's child did not reach exec within 30 s";
+    return nullptr;
+  }
   if (n > 0) {
     *error = "cannot execute " + options.binary + ": " + std::strerror(exec_errno);
     return nullptr;  // the destructor reaps the child
@@ -227,6 +240,22 @@ int ServerProcess::Stop(std::chrono::milliseconds timeout) {
       ready = poll(&fd, 1, static_cast<int>(timeout.count()));
     } while (ready < 0 && errno == EINTR);
     exited = ready > 0;
+  } else {  // no pidfd (an old kernel, or a sandbox that refuses pidfd_open): poll waitpid
+    const Clock::time_point deadline = Clock::now() + timeout;
+    int status = 0;
+    pid_t reaped;
+    while (true) {
+      reaped = waitpid(pid_, &status, WNOHANG);
+      if (reaped < 0 && errno == EINTR) continue;
+      if (reaped != 0 || Clock::now() >= deadline) break;
+      usleep(10'000);
+    }
+    if (reaped != 0) {  // reaped, or not a child of ours any more (-1)
+      exit_result_ = reaped == pid_ ? DecodeWaitStatus(status) : -1;
+      pid_ = -1;
+      return exit_result_;
+    }
+    exited = false;
   }
   if (!exited) kill(pid_, SIGKILL);
   int status = 0;
