@@ -1,4 +1,5 @@
-// Software conversion of IEEE fp16 and bfloat16 storage to fp32, for the CPU sampler.
+// Software conversion of IEEE fp16 and bfloat16 storage to fp32, for the CPU sampler (and fp32
+// to the nearest bf16, for tests).
 //
 // The CPU backend must read the same values a GPU reads natively, on any host compiler, so this
 // decodes the bit patterns by hand instead of relying on _Float16 or F16C: subnormals, signed
@@ -39,6 +40,15 @@ inline float HalfBitsToFloat(uint16_t half) {
 // bfloat16 is the top half of an fp32, so widening is a shift.
 inline float Bf16BitsToFloat(uint16_t bf16) {
   return FloatFromBits(static_cast<uint32_t>(bf16) << 16);
+}
+
+// A finite fp32 `x` rounded to the nearest bfloat16 (ties to even), as fp32: the logits of an
+// engine whose model computes in bf16 and hands them over as fp32 (tests and benchmarks).
+inline float RoundToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return FloatFromBits(bits & 0xffff0000u);
 }
 
 }  // namespace samplerd::kernels

@@ -28,23 +28,13 @@
 
 #include "kernels/common/sampling_types.h"
 #include "kernels/cpu/cpu_sampler.h"
+#include "kernels/cpu/half_float.h"
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 
 namespace samplerd::kernels {
 namespace {
 
 constexpr int64_t kVocab = 151936;
-
-// x rounded to the nearest bf16 (ties to even), as an fp32 value: the logits of an engine whose
-// model computes in bf16 and hands over fp32 (`logits.float()`), many of them tied.
-float RoundToBf16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  bits &= 0xffff0000u;
-  std::memcpy(&x, &bits, sizeof(bits));
-  return x;
-}
 
 std::vector<float> RandomLogits(int64_t batch, int64_t vocab, int64_t distribution, uint32_t seed) {
   std::vector<float> logits(static_cast<size_t>(batch * vocab));

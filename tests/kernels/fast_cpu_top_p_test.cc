@@ -18,22 +18,12 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_sampler.h"
+#include "kernels/cpu/half_float.h"
 #include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
 
 namespace samplerd::kernels {
 namespace {
-
-// x rounded to the nearest bf16 (ties to even), as fp32: an engine's bf16 logits handed over
-// as fp32 (bench_fast_cpu's D = 3).
-float RoundToBf16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  bits &= 0xffff0000u;
-  std::memcpy(&x, &bits, sizeof(bits));
-  return x;
-}
 
 enum class Shape { kFlat, kBf16Rounded, kZipf, kRandn, kMisleadingSample };
 
