@@ -1,5 +1,6 @@
 #include "service/core/backend/guarded_copy.h"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 
@@ -34,6 +35,17 @@ void InstallHandler() {
   sigaction(SIGBUS, &action, &g_previous);
 }
 
+// After a jump out of OnSigbus: SIGBUS is still blocked, as the kernel blocks it while its
+// handler runs, and a fault while it is blocked would kill the process. The jump points save no
+// signal mask (sigsetjmp(jump, 0)): saving it costs a system call, ~150 ns on every guarded call
+// (each of the host plane's sampler tasks), where unblocking here costs one only after a fault.
+void UnblockSigbus() {
+  sigset_t bus;
+  sigemptyset(&bus);
+  sigaddset(&bus, SIGBUS);
+  pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
+}
+
 // Installs the handler once per process (GuardedCopy and GuardedRun share it).
 void EnsureHandler() {
   static std::once_flag installed;
@@ -45,9 +57,9 @@ void EnsureHandler() {
 bool GuardedCopy(void* dst, const void* src, size_t bytes) {
   EnsureHandler();
   sigjmp_buf jump;
-  // savemask = 1: the jump also unblocks SIGBUS, which the kernel blocked for the handler.
-  if (sigsetjmp(jump, 1) != 0) {
+  if (sigsetjmp(jump, 0) != 0) {
     t_copy = nullptr;
+    UnblockSigbus();
     return false;
   }
   t_copy = &jump;
@@ -62,8 +74,9 @@ bool GuardedRun(const std::function<void()>& fn) {
   EnsureHandler();
   sigjmp_buf* const outer = t_copy;
   sigjmp_buf jump;
-  if (sigsetjmp(jump, 1) != 0) {
+  if (sigsetjmp(jump, 0) != 0) {
     t_copy = outer;
+    UnblockSigbus();
     return false;
   }
   t_copy = &jump;

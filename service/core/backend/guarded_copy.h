@@ -17,7 +17,7 @@
 namespace samplerd::core {
 
 // memcpy(dst, src, bytes); false when it hit a bus error (dst then holds a partial copy).
-// Thread-safe; costs a sigsetjmp (~0.1 us) on top of the copy.
+// Thread-safe; costs a sigsetjmp that saves no signal mask (a few ns) on top of the copy.
 bool GuardedCopy(void* dst, const void* src, size_t bytes);
 
 // Runs fn(); false when it hit a bus error, in which case fn was abandoned where it faulted (no
