@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -57,7 +58,8 @@ struct FastCpuSampler::Impl {
         guard(options.guard),
         gather_cap(options.gather_cap),
         inverse_cdf_extra_margin(options.inverse_cdf_extra_margin),
-        snapshot_logits(options.snapshot_logits) {
+        snapshot_logits(options.snapshot_logits),
+        phase_times(options.phase_times) {
     cpu_fast_internal::WarmNoiseBounds();
     cpu_fast_internal::Exp2Table();
   }
@@ -65,6 +67,7 @@ struct FastCpuSampler::Impl {
   // Runs fn(0..n-1) over the pool, each call under the guard; false once any call faulted.
   bool Run(int64_t n, const std::function<void(int64_t)>& fn) {
     if (n <= 0) return !failed.load();
+    if (phase_times != nullptr && n > 1 && pool.threads() > 1) ++phase_times->loops;
     if (!guard) {
       pool.Run(n, fn);
       return true;
@@ -105,6 +108,7 @@ struct FastCpuSampler::Impl {
   const int64_t gather_cap;
   const double inverse_cdf_extra_margin;
   const bool snapshot_logits;
+  PhaseTimes* const phase_times;
   std::vector<unsigned char> snapshot;  // snapshot_logits: [batch, vocab] elements
   std::atomic<bool> failed{false};
   std::atomic<int64_t> inverse_cdf_fallbacks{0};
@@ -137,6 +141,26 @@ ChunkStats SnapshotChunkStats(const SampleArgs& args, const SampleArgs& in, int6
   return cpu_fast_internal::ComputeChunkStats(in, row, begin, n, p);
 }
 
+// Adds the wall time since the last mark to a field of PhaseTimes, when there is one.
+class PhaseClock {
+ public:
+  explicit PhaseClock(PhaseTimes* times) : times_(times) {
+    if (times_ == nullptr) return;
+    ++times_->calls;
+    last_ = std::chrono::steady_clock::now();
+  }
+  void Mark(int64_t PhaseTimes::*field) {
+    if (times_ == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    times_->*field += std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  PhaseTimes* const times_;
+  std::chrono::steady_clock::time_point last_;
+};
+
 }  // namespace
 
 bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
@@ -148,6 +172,7 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
       caller_args.adjusts != nullptr) {
     return SampleWithLogprobs(caller_args);
   }
+  PhaseClock clock(phase_times);
   // `args`: what every pass after the first reads (the snapshot, when there is one).
   SampleArgs args = caller_args;
   if (snapshot_logits) {
@@ -191,6 +216,8 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
     }
   }
 
+  clock.Mark(&PhaseTimes::stats_ns);
+
   // 2. Select: histogram and gather passes until every filtered row has its thresholds (at
   // most 4 histogram passes per stage: 32 key bits, 10 per pass). A top-p stage's grid pass
   // first narrows its exact bins to where a sample puts the boundary (one row per task; at
@@ -219,6 +246,8 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
     selecting.resize(kept);
   }
 
+  clock.Mark(&PhaseTimes::select_ns);
+
   // 3. Draw. Plain-temperature rows: piece masses over every task range; the task that
   // completes a row finds its token (or hands the row to the oracle's draw), so no second loop.
   if (!RunChunks(plain, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
@@ -242,8 +271,10 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
     return false;
   }
 
+  clock.Mark(&PhaseTimes::draw_ns);
+
   // Outputs (under the guard too: they may live in shared memory).
-  return Run(1, [&](int64_t) {
+  const bool written = Run(1, [&](int64_t) {
     for (int64_t row = 0; row < batch; ++row) {
       RowState& r = *rows[row];
       if (r.plan == Plan::kDraw || r.plan == Plan::kTopTiesDraw) {
@@ -253,6 +284,8 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
       args.status[row] = r.status;
     }
   });
+  clock.Mark(&PhaseTimes::output_ns);
+  return written;
 }
 
 FastCpuSampler::FastCpuSampler(const Options& options) : impl_(std::make_unique<Impl>(options)) {}

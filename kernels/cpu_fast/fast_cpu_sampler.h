@@ -31,6 +31,16 @@
 
 namespace samplerd::kernels {
 
+// Wall nanoseconds of FastCpuSampler::Sample's phases, summed over calls (Options::phase_times).
+struct PhaseTimes {
+  int64_t calls = 0;
+  int64_t stats_ns = 0;   // 1. the stats pass (with the snapshot's copy) and each row's plan
+  int64_t select_ns = 0;  // 2. top-k / top-p thresholds: the window's sample, passes, Advance
+  int64_t draw_ns = 0;    // 3. plain-temperature rows, then the Gumbel-max draws
+  int64_t output_ns = 0;  // tokens and statuses written
+  int64_t loops = 0;      // pool loops that ran on the workers (each ends in a barrier)
+};
+
 class FastCpuSampler {
  public:
   // Runs `task` and returns true, or returns false when the task faulted (for example a bus
@@ -57,6 +67,9 @@ class FastCpuSampler {
     // bin). Greedy rows end with the first pass and are read in place. Costs batch x vocab
     // elements of memory, kept between calls.
     bool snapshot_logits = false;
+    // Where a call's time goes (benchmarks): non-null, each Sample adds its phases' wall time
+    // here. The caller owns it and reads it between calls.
+    struct PhaseTimes* phase_times = nullptr;
   };
 
   explicit FastCpuSampler(const Options& options);

@@ -13,7 +13,9 @@
 // is one whole batch. BM_FastSnapshot: BM_Fast as the host plane runs it (snapshot_logits: each
 // non-greedy row copied by the first pass, later passes on the copy). BM_OracleTemperature /
 // BM_FastTemperature: temperature 0.8 alone (plain rows: the inverse-CDF draw) at V = 151,936 and
-// 32,000, B in {1, 32}, threads 1 and 2. Results: HOST_PLANE_RESULTS.md.
+// 32,000, B in {1, 32}, threads 1 and 2. BM_FastPhases: BM_FastSnapshot at B = 1 with each
+// phase's wall µs per call and the pool loops per call as counters; BM_PoolLoop: one pool loop
+// of near-empty tasks (a barrier's fixed cost). Results: HOST_PLANE_RESULTS.md.
 //
 //   bench_fast_cpu --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
@@ -22,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -30,6 +33,7 @@
 #include "kernels/cpu/cpu_sampler.h"
 #include "kernels/cpu/half_float.h"
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
+#include "kernels/cpu_fast/worker_pool.h"
 
 namespace samplerd::kernels {
 namespace {
@@ -152,6 +156,41 @@ void RunFast(benchmark::State& state, Fixture& f, bool snapshot_logits = false) 
   f.Report(state);
 }
 
+// As BM_FastSnapshot, with each phase's wall time per call reported as a counter (µs):
+// where a step's time goes at each thread count, and how many pool loops (barriers) it took.
+void BM_FastPhases(benchmark::State& state) {
+  Fixture f(state);
+  PhaseTimes times;
+  FastCpuSampler::Options options;
+  options.threads = f.threads;
+  options.spin_us = 100000;
+  options.snapshot_logits = true;
+  options.phase_times = &times;
+  FastCpuSampler sampler(options);
+  for (auto _ : state) {
+    sampler.Sample(f.args);
+    benchmark::DoNotOptimize(f.tokens.data());
+  }
+  const double calls = static_cast<double>(std::max<int64_t>(times.calls, 1));
+  state.counters["stats_us"] = static_cast<double>(times.stats_ns) / calls / 1e3;
+  state.counters["select_us"] = static_cast<double>(times.select_ns) / calls / 1e3;
+  state.counters["draw_us"] = static_cast<double>(times.draw_ns) / calls / 1e3;
+  state.counters["output_us"] = static_cast<double>(times.output_ns) / calls / 1e3;
+  state.counters["loops"] = static_cast<double>(times.loops) / calls;
+  f.Report(state);
+}
+
+// One WorkerPool loop of `tasks` near-empty tasks at `threads` (the caller included), workers
+// spinning between loops as the sampler's do: the fixed cost of each barrier a step pays.
+void BM_PoolLoop(benchmark::State& state) {
+  WorkerPool pool(static_cast<int>(state.range(0)), 100000);
+  const int64_t tasks = state.range(1);
+  std::vector<int64_t> sink(static_cast<size_t>(tasks) * 16);  // a cache line a task
+  const std::function<void(int64_t)> fn = [&](int64_t i) { sink[static_cast<size_t>(i) * 16]++; };
+  for (auto _ : state) pool.Run(tasks, fn);
+  benchmark::DoNotOptimize(sink.data());
+}
+
 void BM_Oracle(benchmark::State& state) {
   Fixture f(state);
   RunOracle(state, f);
@@ -212,6 +251,16 @@ void TemperatureArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Oracle)->Apply(Args);
 BENCHMARK(BM_Fast)->Apply(Args);
 BENCHMARK(BM_FastSnapshot)->Apply(Args);
+BENCHMARK(BM_FastPhases)
+    ->ArgNames({"B", "S", "threads", "D"})
+    ->ArgsProduct({{1}, {0, 1, 2, 4}, {1, 2, 8, 12}, {0, 1, 3}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK(BM_PoolLoop)
+    ->ArgNames({"threads", "tasks"})
+    ->ArgsProduct({{2, 8, 12}, {24, 75}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_OracleTemperature)->Apply(TemperatureArgs);
 BENCHMARK(BM_FastTemperature)->Apply(TemperatureArgs);
 
