@@ -60,6 +60,7 @@ struct FastCpuSampler::Impl {
         inverse_cdf_extra_margin(options.inverse_cdf_extra_margin),
         snapshot_logits(options.snapshot_logits),
         phase_times(options.phase_times) {
+    snapshot.reserve(options.snapshot_reserve_bytes);  // may throw std::bad_alloc
     cpu_fast_internal::WarmNoiseBounds();
     cpu_fast_internal::Exp2Table();
   }
@@ -110,6 +111,14 @@ struct FastCpuSampler::Impl {
   const bool snapshot_logits;
   PhaseTimes* const phase_times;
   std::vector<unsigned char> snapshot;  // snapshot_logits: [batch, vocab] elements
+  // Guarded oracle calls (SampleWithLogprobs): the rows' bitmask words and the outputs.
+  std::vector<uint32_t> bitmask_copy;
+  std::vector<int32_t> out_tokens;
+  std::vector<RowStatus> out_status;
+  std::vector<float> out_logprobs;
+  std::vector<int64_t> out_ranks;
+  std::vector<int32_t> out_top_ids;
+  std::vector<float> out_top_values;
   std::atomic<bool> failed{false};
   std::atomic<int64_t> inverse_cdf_fallbacks{0};
   int64_t chunks = 0;  // stats pieces per row
@@ -119,7 +128,62 @@ struct FastCpuSampler::Impl {
 };
 
 bool FastCpuSampler::Impl::SampleWithLogprobs(const SampleArgs& args) {
-  return Run(args.batch, [&](int64_t row) { CpuSampleRows(args, row, row + 1); });
+  if (!guard) return Run(args.batch, [&](int64_t row) { CpuSampleRows(args, row, row + 1); });
+  // Guarded (the inputs may be shared memory another process truncates or rewrites): the oracle
+  // owns heap scratch for the whole call (RowScratch, vectors of V elements), which a bus error
+  // jumping out of a guarded task would leak. So only plain copies run under the guard: the
+  // rows' logits and bitmask words into the sampler's memory, then the oracle runs unguarded on
+  // the copies (no fault is possible there, and no check can see one value and use another),
+  // and the outputs are copied back under the guard.
+  const int64_t batch = args.batch;
+  const int64_t size = DTypeSize(args.dtype);
+  const size_t row_bytes = static_cast<size_t>(args.vocab * size);
+  if (snapshot.size() < batch * row_bytes) snapshot.resize(batch * row_bytes);
+  const int64_t words = args.allowed_bitmask != nullptr ? args.bitmask_words : 0;
+  if (static_cast<int64_t>(bitmask_copy.size()) < batch * words) {
+    bitmask_copy.resize(batch * words);
+  }
+  const int64_t top_n = std::max<int64_t>(0, args.top_logprobs);
+  out_tokens.resize(batch);
+  out_status.resize(batch);
+  out_logprobs.resize(batch);
+  out_ranks.resize(batch);
+  out_top_ids.resize(batch * top_n);
+  out_top_values.resize(batch * top_n);
+  if (!Run(batch, [&](int64_t row) {
+        std::memcpy(snapshot.data() + row * row_bytes,
+                    static_cast<const unsigned char*>(args.logits) + row * args.row_stride * size,
+                    row_bytes);
+        if (words > 0) {
+          std::memcpy(bitmask_copy.data() + row * words, args.allowed_bitmask + row * words,
+                      static_cast<size_t>(words) * sizeof(uint32_t));
+        }
+      })) {
+    return false;
+  }
+  SampleArgs local = args;
+  local.logits = snapshot.data();
+  local.row_stride = args.vocab;
+  if (words > 0) local.allowed_bitmask = bitmask_copy.data();
+  local.token_ids = out_tokens.data();
+  local.status = out_status.data();
+  local.sampled_logprob = args.sampled_logprob != nullptr ? out_logprobs.data() : nullptr;
+  local.sampled_rank = args.sampled_rank != nullptr ? out_ranks.data() : nullptr;
+  local.top_ids = args.top_ids != nullptr ? out_top_ids.data() : nullptr;
+  local.top_values = args.top_values != nullptr ? out_top_values.data() : nullptr;
+  pool.Run(batch, [&](int64_t row) { CpuSampleRows(local, row, row + 1); });
+  return Run(1, [&](int64_t) {
+    for (int64_t row = 0; row < batch; ++row) {
+      args.token_ids[row] = out_tokens[row];
+      args.status[row] = out_status[row];
+      if (args.sampled_logprob != nullptr) args.sampled_logprob[row] = out_logprobs[row];
+      if (args.sampled_rank != nullptr) args.sampled_rank[row] = out_ranks[row];
+    }
+    if (args.top_ids != nullptr) std::copy(out_top_ids.begin(), out_top_ids.end(), args.top_ids);
+    if (args.top_values != nullptr) {
+      std::copy(out_top_values.begin(), out_top_values.end(), args.top_values);
+    }
+  });
 }
 
 namespace {

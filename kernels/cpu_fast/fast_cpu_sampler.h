@@ -23,6 +23,7 @@
 #ifndef SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
 #define SAMPLERD_KERNELS_CPU_FAST_FAST_CPU_SAMPLER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +71,11 @@ class FastCpuSampler {
     // Where a call's time goes (benchmarks): non-null, each Sample adds its phases' wall time
     // here. The caller owns it and reads it between calls.
     struct PhaseTimes* phase_times = nullptr;
+    // Bytes of the snapshot (and of the oracle's guarded copies) allocated by the constructor,
+    // so that a call at up to that size never allocates it: a caller that knows its largest
+    // batch x vocab (a device session) learns at construction, as std::bad_alloc, that the
+    // memory is not there, instead of from a call on its own thread. Reserved, not touched.
+    size_t snapshot_reserve_bytes = 0;
   };
 
   explicit FastCpuSampler(const Options& options);

@@ -5,6 +5,7 @@
 #include "service/core/session/host_plane.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -390,6 +391,76 @@ TEST(HostPlaneTest, ATruncatedShmRegionFaultsTheRunnerWithoutACrash) {
   (*runner)->Stop();  // the owner ends the session: the engine's wait completes
   EXPECT_TRUE(engine.WaitDone(std::chrono::seconds(1)));
   EXPECT_EQ(engine.Word(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_ABORTED);
+}
+
+// A bus error in a guarded task used to jump out of the oracle's CpuSampleRows (the path of
+// sessions with logprobs, a bitmask or processors) past its RowScratch, leaking ~14 vocab-sized
+// vectors per task: a client that truncates its shm under a step, reopens and repeats grew the
+// server by ~12 MB a fault at V = 262,144 (hundreds of MB at the default max_vocab).
+TEST(HostPlaneTest, ATruncatedShmRegionUnderTheOracleLeaksNothing) {
+  constexpr uint32_t kVocab = 65536;
+  constexpr int kFaults = 6;
+  Engine engine(2, kVocab, /*logprobs=*/true);
+  engine.SetParams(0, EngineParams{1, 2, 1.0f});
+  engine.SetParams(1, EngineParams{3, 4, 0.7f, 50});
+  auto in_use = [] {
+    const struct mallinfo2 m = mallinfo2();
+    return static_cast<int64_t>(m.uordblks + m.hblkhd);
+  };
+  int64_t before = 0;
+  for (int i = 0; i <= kFaults; ++i) {
+    if (i == 1) before = in_use();  // after one round: lazily grown state of the process
+    TestShm shm(2 * kVocab * sizeof(float));
+    ASSERT_TRUE(shm.ok());
+    std::memset(shm.data(), 0, shm.size());
+    engine.set_logits(shm.data());
+    std::atomic<int> faults{0};
+    auto runner = StartHostPlane(engine.Spec(), TestOptions(), [&](const absl::Status&) {
+      faults.fetch_add(1, std::memory_order_release);
+    });
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    engine.Ring(2);
+    ASSERT_TRUE(engine.WaitDone());
+    ASSERT_EQ(engine.Word(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
+    const int fd = shm_open(shm.key().c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 0), 0);
+    close(fd);
+    engine.Ring(2);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (faults.load(std::memory_order_acquire) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(faults.load(std::memory_order_acquire), 1);
+    (*runner)->Stop();
+    EXPECT_TRUE(engine.WaitDone(std::chrono::seconds(1)));
+    runner->reset();
+  }
+  const int64_t grown = in_use() - before;
+  // One leaked task alone holds > 1 MB at this V (x, z, order: 3 x 256 KiB; doubles: 512 KiB).
+  EXPECT_LT(grown, 1 << 20) << "bytes in use grew by " << grown << " over " << kFaults << " faults";
+}
+
+// The session's copy of a step's logits (max_batch x V elements) is allocated when the runner
+// starts. It was allocated at the first full step instead, on the poller thread, where
+// std::bad_alloc ended the server: an engine opened M = 2,048, V = 4,194,304 (32 GiB) over a
+// sparse shm object, rang once, and the server aborted. Now the start fails with
+// RESOURCE_EXHAUSTED. (Sanitizer allocators do not throw std::bad_alloc for this: skipped.)
+TEST(HostPlaneTest, AStepCopyThatCannotBeAllocatedFailsTheStartNotTheServer) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizer allocators abort instead of throwing std::bad_alloc";
+#endif
+  Engine engine(1, 16, /*logprobs=*/false);
+  SessionSpec spec = engine.Spec();
+  spec.max_batch = 0xffffffffu;  // x V x 4 bytes = 2^56: no address space holds it
+  spec.vocab = 1u << 22;
+  spec.row_stride = spec.vocab;
+  auto runner = StartHostPlane(std::move(spec), TestOptions(), nullptr);
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kResourceExhausted) << runner.status();
+  EXPECT_NE(runner.status().message().find("copy of a step's logits"), std::string::npos)
+      << runner.status();
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -95,6 +96,11 @@ int32_t RowStatusNumber(kernels::RowStatus status) {
   }
 }
 
+size_t SnapshotBytes(const SessionSpec& spec) {
+  return static_cast<size_t>(spec.max_batch) * spec.vocab *
+         static_cast<size_t>(kernels::DTypeSize(spec.dtype));
+}
+
 absl::Status TruncatedError() {
   return absl::FailedPreconditionError(
       "expected the session's host shm objects to cover their regions, got a bus error: the "
@@ -103,12 +109,18 @@ absl::Status TruncatedError() {
 
 // The session's sampler reads the engine's shared logits: every pass under the bus-error
 // guard, and every pass after the first from its own copy (the engine may write them mid-step).
-kernels::FastCpuSampler::Options SamplerOptions(int threads, const HostPlaneOptions& options) {
+// The copy of a full step (max_batch x V elements) is reserved when the session opens: an
+// engine could otherwise open a session over a sparse shm object of any size within the limits
+// (M = 2,048, V = 4,194,304 fp32: 32 GiB) and make the first full step throw std::bad_alloc on
+// the poller thread, which ended the server.
+kernels::FastCpuSampler::Options SamplerOptions(int threads, const HostPlaneOptions& options,
+                                                const SessionSpec& spec) {
   kernels::FastCpuSampler::Options o;
   o.threads = threads;
   o.spin_us = std::max(0, options.spin_us);
   o.guard = GuardedRun;
   o.snapshot_logits = true;
+  o.snapshot_reserve_bytes = SnapshotBytes(spec);
   return o;
 }
 
@@ -120,7 +132,7 @@ class HostPlaneRunner : public PlaneRunner {
         spin_(std::chrono::microseconds(std::max(0, options.spin_us))),
         sleep_(std::chrono::microseconds(std::max(1, options.sleep_us))),
         on_fault_(std::move(on_fault)),
-        sampler_(SamplerOptions(threads, options)) {
+        sampler_(SamplerOptions(threads, options, spec_)) {
     const uint32_t m = spec_.max_batch;
     params_.resize(m);
     valid_.resize(m);
@@ -337,6 +349,9 @@ absl::StatusOr<std::unique_ptr<PlaneRunner>> StartHostPlane(SessionSpec spec,
     threads =
         std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, kMaxDefaultThreads);
   }
+  const size_t bytes = SnapshotBytes(spec);
+  const uint32_t max_batch = spec.max_batch;
+  const uint32_t vocab = spec.vocab;
   try {
     auto runner =
         std::make_unique<HostPlaneRunner>(std::move(spec), options, threads, std::move(on_fault));
@@ -345,6 +360,13 @@ absl::StatusOr<std::unique_ptr<PlaneRunner>> StartHostPlane(SessionSpec spec,
   } catch (const std::system_error& e) {
     return absl::ResourceExhaustedError(
         absl::StrCat("expected to start ", threads, " host-plane threads, got: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("expected to allocate ", bytes,
+                     " bytes for the session's copy of a step's logits "
+                     "(max_batch ",
+                     max_batch, " x vocab ", vocab,
+                     " elements), got an allocation failure: open it with a smaller max_batch"));
   }
 }
 
