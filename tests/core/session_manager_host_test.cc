@@ -355,6 +355,26 @@ TEST_F(HostSessions, ASecondOpenOnTheSameControlBlockIsAlreadyExists) {
   EXPECT_TRUE(Open(open).ok());
 }
 
+// The same shm object registered under a second name maps at another address: its control
+// block is still the open session's (two pollers would take one doorbell's rings), while
+// another control block of the same object is free.
+TEST_F(HostSessions, TheSameControlBlockUnderAnotherRegionNameIsAlreadyExists) {
+  absl::StatusOr<OpenedSession> first = Open(OpenIn("host"));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(regions_.RegisterHostShm("alias", shm_.key(), 0, shm_.size()).ok());
+  const uint64_t second = Pack(kM, kV, 4).total + 64;
+  SessionOpen open = OpenIn("alias", second);
+  open.control = OpenIn("alias").control;
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kAlreadyExists, first->id));
+  // A region that starts inside the object: its offset 0 is the object's 64.
+  ASSERT_TRUE(regions_.RegisterHostShm("inside", shm_.key(), 64, shm_.size() - 64).ok());
+  open = OpenIn("inside", second - 64);
+  open.control = {"inside", 0};
+  EXPECT_TRUE(HasStatus(Open(open), absl::StatusCode::kAlreadyExists, first->id));
+  // The second layout's own control block, through the alias: free.
+  EXPECT_TRUE(Open(OpenIn("alias", second)).ok());
+}
+
 TEST_F(HostSessions, OneSessionOverTheMaximumIsResourceExhausted) {
   ASSERT_TRUE(Open(OpenIn("host")).ok());
   ASSERT_TRUE(Open(OpenIn("host", Pack(kM, kV, 4).total + 64)).ok());

@@ -146,6 +146,9 @@ absl::StatusOr<HostShmMapping> MapHostShm(const std::string& key, uint64_t offse
   }
   mapping.data = static_cast<uint8_t*>(mapping.base) + delta;
   mapping.size = byte_size;
+  mapping.object_dev = static_cast<uint64_t>(st.st_dev);
+  mapping.object_ino = static_cast<uint64_t>(st.st_ino);
+  mapping.object_offset = offset;
   return mapping;
 }
 

@@ -25,6 +25,11 @@ struct HostShmMapping {
   uint8_t* data = nullptr;  // the range's first byte: base + (offset % page size)
   uint64_t size = 0;        // the range's byte size
   bool writable = false;    // mapped PROT_WRITE (the object could be opened read-write)
+  // Which object and where in it: the same bytes registered under two names (or mapped twice)
+  // have the same (object_dev, object_ino, object_offset).
+  uint64_t object_dev = 0;
+  uint64_t object_ino = 0;
+  uint64_t object_offset = 0;  // of `data`
 };
 
 // OK when `prefix` can serve as --shm_prefix: it starts with '/', holds no further '/' and no

@@ -403,7 +403,9 @@ absl::StatusOr<RegionInfo> RegionRegistry::RegisterHostShm(const std::string& na
   auto holder = std::make_shared<RegionLease::Holder>();
   holder->state = state_;
   holder->info = RegionInfo{name, RegionKind::kHostShm, byte_size, ""};
-  holder->view = RegionView{RegionKind::kHostShm, shm.data, byte_size, -1, shm.writable};
+  holder->view =
+      RegionView{RegionKind::kHostShm, shm.data,       byte_size,      -1,
+                 shm.writable,         shm.object_dev, shm.object_ino, shm.object_offset};
   holder->shm = shm;
   absl::Status inserted = Insert(holder, owner_pid, *bytes);
   if (!inserted.ok()) {
@@ -539,6 +541,7 @@ absl::StatusOr<RegionLease> RegionRegistry::Acquire(const std::string& name, uin
   RegionView view = holder->view;
   view.data += offset;
   view.size = bytes;
+  view.object_offset += offset;
   return RegionLease(holder, view);
 }
 

@@ -51,6 +51,11 @@ struct RegionView {
   // The bytes may be written (an output region): GPU IPC memory, or a host shm object that
   // samplerd could open read-write.
   bool writable = false;
+  // Host shm: the object (st_dev, st_ino) and the offset of `data` in it, the same for the same
+  // bytes however many names they are registered under (HostShmMapping). 0 for GPU regions.
+  uint64_t object_dev = 0;
+  uint64_t object_ino = 0;
+  uint64_t object_offset = 0;
 };
 
 // Keeps a region mapped while a request uses it; releasing the last lease of an unregistered

@@ -69,6 +69,18 @@ absl::Status AboutBuffer(int buffer, absl::string_view what, const absl::Status&
                       absl::StrCat(Field(buffer), " (", what, "): ", status.message()));
 }
 
+// Whether two control blocks' bytes overlap in one shm object: the same object registered under
+// two region names (or twice under one) maps at two addresses, and two pollers on one doorbell
+// would both take its rings.
+bool SameControlBlock(const RegionView& a, const RegionView& b) {
+  if (a.object_ino == 0 || a.object_dev != b.object_dev || a.object_ino != b.object_ino) {
+    return false;
+  }
+  const uint64_t lo = std::max(a.object_offset, b.object_offset);
+  const uint64_t hi = std::min(a.object_offset, b.object_offset) + SAMPLERD_CONTROL_BYTES;
+  return lo < hi;
+}
+
 }  // namespace
 
 SessionManager::SessionManager(RegionRegistry* regions, BackendKind backend, DeviceInfo device,
@@ -348,8 +360,9 @@ absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndC
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closing_all_) return draining;
+    const RegionView& control = spec.leases[kControl].view();
     for (const auto& [id, session] : sessions_) {
-      if (session->control == spec.control) {
+      if (session->control == spec.control || SameControlBlock(session->control_view, control)) {
         return absl::AlreadyExistsError(
             absl::StrCat("expected a control block no open session uses, got the one of session ",
                          id, " (close it first; one session per control block)"));
@@ -365,6 +378,7 @@ absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndC
     auto session = std::make_unique<Session>();
     session->id = opened.id;
     session->control = spec.control;
+    session->control_view = control;
     session->on_end = std::move(on_end);
     if (open.unregister_regions_on_end) {
       const std::array<const SessionSlice*, kBuffers> slices = {

@@ -141,6 +141,7 @@ class SessionManager {
   struct Session {
     std::string id;
     uint8_t* control = nullptr;           // resolved address: one session per control block
+    RegionView control_view;              // its shm object and offset, under any region name
     std::unique_ptr<PlaneRunner> runner;  // null while starting
     EndCallback on_end;
     absl::Status early_fault;  // a fault reported while starting
