@@ -355,6 +355,24 @@ TEST(HostPlaneTest, ASpecForTheGpuPlaneIsRejected) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Truncates `shm` to 0 bytes, rings a step of `batch` rows and waits up to 10 s for the
+// runner's fault callback to count one fault.
+::testing::AssertionResult TruncateAndRing(const TestShm& shm, Engine& engine, uint32_t batch,
+                                           const std::atomic<int>& faults) {
+  const int fd = shm_open(shm.key().c_str(), O_RDWR, 0);
+  if (fd < 0 || ftruncate(fd, 0) != 0) return ::testing::AssertionFailure() << "truncate failed";
+  close(fd);
+  engine.Ring(batch);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (faults.load(std::memory_order_acquire) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  const int n = faults.load(std::memory_order_acquire);
+  if (n == 1) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected 1 fault within 10 s, got " << n;
+}
+
 TEST(HostPlaneTest, ATruncatedShmRegionFaultsTheRunnerWithoutACrash) {
   constexpr uint32_t kVocab = 4096;
   Engine engine(2, kVocab, /*logprobs=*/false);
@@ -375,17 +393,7 @@ TEST(HostPlaneTest, ATruncatedShmRegionFaultsTheRunnerWithoutACrash) {
   ASSERT_TRUE(engine.WaitDone());
   EXPECT_EQ(engine.Word(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
 
-  const int fd = shm_open(shm.key().c_str(), O_RDWR, 0);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, 0), 0);
-  close(fd);
-  engine.Ring(2);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (faults.load(std::memory_order_acquire) == 0 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  ASSERT_EQ(faults.load(std::memory_order_acquire), 1);
+  ASSERT_TRUE(TruncateAndRing(shm, engine, 2, faults));
   EXPECT_EQ(fault.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(fault.message().find("truncated a host shm region"), std::string::npos);
   (*runner)->Stop();  // the owner ends the session: the engine's wait completes
@@ -422,17 +430,7 @@ TEST(HostPlaneTest, ATruncatedShmRegionUnderTheOracleLeaksNothing) {
     engine.Ring(2);
     ASSERT_TRUE(engine.WaitDone());
     ASSERT_EQ(engine.Word(SAMPLERD_CONTROL_STEP_STATUS), SAMPLERD_STEP_OK);
-    const int fd = shm_open(shm.key().c_str(), O_RDWR, 0);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(ftruncate(fd, 0), 0);
-    close(fd);
-    engine.Ring(2);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (faults.load(std::memory_order_acquire) == 0 &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::yield();
-    }
-    ASSERT_EQ(faults.load(std::memory_order_acquire), 1);
+    ASSERT_TRUE(TruncateAndRing(shm, engine, 2, faults));
     (*runner)->Stop();
     EXPECT_TRUE(engine.WaitDone(std::chrono::seconds(1)));
     runner->reset();
