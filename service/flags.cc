@@ -86,6 +86,13 @@ ABSL_FLAG(int64_t, chunk_timeout_ms, 10000,
 ABSL_FLAG(int32_t, max_device_sessions, 8,
           "Most device sessions (DeviceSession calls) open at once; one more is "
           "RESOURCE_EXHAUSTED. Each host-plane session holds CPU threads. 0 = none.");
+// Each host-plane session reserves a host copy of a full step's logits when it opens; the
+// reservation is virtual, so without this bound the sessions --max_device_sessions allows could
+// together touch 8 x 32 GiB (M = 2,048, V = 4,194,304 fp32) on a host with memory to spare.
+ABSL_FLAG(int64_t, max_host_session_bytes, int64_t{8} << 30,
+          "Most bytes the open host-plane device sessions reserve in total for their copies of a "
+          "step's logits (max_batch x vocab x the dtype's size each; GPU-plane sessions do not "
+          "count); an open past it is RESOURCE_EXHAUSTED until sessions close. 0 = no limit.");
 ABSL_FLAG(int32_t, host_plane_threads, 0,
           "CPU threads that sample one host-plane device-session step; 0 = one per core, at "
           "most 8.");
@@ -212,12 +219,18 @@ absl::StatusOr<int64_t> ReceiveBytesFromFlag(int64_t max_message_bytes) {
 
 absl::Status SessionsFromFlags(core::DeviceSessionOptions* sessions) {
   sessions->max_sessions = absl::GetFlag(FLAGS_max_device_sessions);
+  sessions->max_host_session_bytes = absl::GetFlag(FLAGS_max_host_session_bytes);
   sessions->host.threads = absl::GetFlag(FLAGS_host_plane_threads);
   sessions->host.spin_us = absl::GetFlag(FLAGS_session_spin_us);
   sessions->gpu.spin_us = sessions->host.spin_us;
   if (sessions->max_sessions < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expected --max_device_sessions >= 0 (0 = none), got ", sessions->max_sessions));
+  }
+  if (sessions->max_host_session_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected --max_host_session_bytes >= 0 (0 = no limit), got ",
+                     sessions->max_host_session_bytes));
   }
   if (sessions->host.threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -203,6 +203,7 @@ void ToProto(const core::ServerInfo& in, const TransportLimits& transport,
   limits->set_max_receive_bytes(transport.max_receive_bytes);
   limits->set_max_top_logprobs(in.limits.max_top_logprobs);
   limits->set_max_device_sessions(in.device_sessions.max_sessions);
+  limits->set_max_host_session_bytes(in.device_sessions.max_host_session_bytes);
   limits->set_max_inflight(in.limits.max_inflight);
   limits->set_max_inflight_bytes(in.limits.max_inflight_bytes);
   limits->set_chunk_timeout_ms(absl::ToInt64Milliseconds(transport.chunk_timeout));

@@ -115,6 +115,8 @@ inline Layout Pack(uint32_t m, uint64_t stride, uint64_t elem) {
 
 inline constexpr uint32_t kM = 8;
 inline constexpr uint32_t kV = 100;
+// The bytes a host-plane session of OpenIn's shape reserves (HostSessionBytes): kM x kV fp32.
+inline constexpr int64_t kHostBytes = int64_t{kM} * kV * 4;
 
 // An fp32 open of [kM, kV] whose buffers are packed in `region` (at `base` within it).
 inline SessionOpen OpenIn(const std::string& region, uint64_t base = 0) {
@@ -168,16 +170,19 @@ class HostSessions : public ::testing::Test {
   }
 
   // `max_list_bytes`: Limits::max_region_list_bytes (--max_message_bytes), which bounds the
-  // processors buffer.
+  // processors buffer. `max_host_bytes`: DeviceSessionOptions::max_host_session_bytes
+  // (--max_host_session_bytes).
   std::unique_ptr<SessionManager> MakeManager(
       const DeviceInfo& device, BackendKind backend, int max_sessions,
-      int64_t max_list_bytes = Limits{}.max_region_list_bytes) {
+      int64_t max_list_bytes = Limits{}.max_region_list_bytes,
+      int64_t max_host_bytes = DeviceSessionOptions{}.max_host_session_bytes) {
     Limits limits;
     limits.max_batch = 64;
     limits.max_vocab = 1000;
     limits.max_region_list_bytes = max_list_bytes;
     DeviceSessionOptions options;
     options.max_sessions = max_sessions;
+    options.max_host_session_bytes = max_host_bytes;
     return std::make_unique<SessionManager>(&regions_, backend, device, limits, options,
                                             FakeFactory(&recorder_));
   }

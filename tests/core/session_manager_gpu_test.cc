@@ -148,6 +148,28 @@ TEST_F(GpuSessions, AProcessorsBufferOverMaxMessageBytesIsResourceExhaustedOnThe
   EXPECT_EQ(opened->plane, SessionPlane::kGpu);
 }
 
+// Their logits stay on the GPU: the server keeps no host copy of them.
+TEST_F(GpuSessions, GpuPlaneSessionsDoNotCountAgainstMaxHostSessionBytes) {
+  manager_ = MakeManager(kGpu, BackendKind::kGpu, 4, Limits{}.max_region_list_bytes, kHostBytes);
+  const absl::StatusOr<OpenedSession> gpu = Open(GpuOpen("gpu"));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ(gpu->plane, SessionPlane::kGpu);
+  // The cap is one host-plane session's bytes: that session fits beside the GPU-plane one.
+  const absl::StatusOr<OpenedSession> host = Open(OpenIn("host", Pack(kM, kV, 4).total + 64));
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->plane, SessionPlane::kHost);
+  // A second host-plane session does not: the open ones hold one session's bytes, not two.
+  TestShm third(Pack(kM, kV, 4).total);
+  ASSERT_TRUE(third.ok());
+  ASSERT_TRUE(regions_.RegisterHostShm("third", third.key(), 0, third.size()).ok());
+  EXPECT_TRUE(HasStatus(Open(OpenIn("third")), absl::StatusCode::kResourceExhausted,
+                        absl::StrCat("(--max_host_session_bytes), got ", kHostBytes,
+                                     " bytes held by the open ones "
+                                     "plus ",
+                                     kHostBytes, " for this one")));
+  EXPECT_EQ(manager_->open_count(), 2);
+}
+
 TEST_F(GpuSessions, ClosingASessionReleasesItsLeases) {
   absl::StatusOr<OpenedSession> opened = Open(GpuOpen("gpu"));
   ASSERT_TRUE(opened.ok());

@@ -387,6 +387,72 @@ TEST_F(HostSessions, OneSessionOverTheMaximumIsResourceExhausted) {
   EXPECT_EQ(manager_->open_count(), 2);
 }
 
+// The message of an open refused by --max_host_session_bytes, for fp32 sessions.
+std::string OverHostBytes(int64_t cap, int64_t held, int64_t needed, uint32_t max_batch) {
+  return absl::StrCat(
+      "expected host-plane device sessions reserving at most ", cap,
+      " bytes in total for their copies of a step's logits (--max_host_session_bytes), got ", held,
+      " bytes held by the open ones plus ", needed, " for this one (max_batch ", max_batch,
+      " x vocab ", kV,
+      " x 4 bytes fp32): open it with a smaller max_batch, close a session, or raise "
+      "--max_host_session_bytes");
+}
+
+// Each host-plane session reserves a host copy of a full step's logits; the reservation is
+// virtual, so the server bounds their sum rather than trusting an allocation failure.
+TEST_F(HostSessions, AnOpenPastMaxHostSessionBytesIsResourceExhaustedAndASmallerOneFits) {
+  const int64_t cap = kHostBytes + kHostBytes / 2;
+  manager_ = MakeManager(kCpu, BackendKind::kCpu, 2, Limits{}.max_region_list_bytes, cap);
+  ASSERT_TRUE(Open(OpenIn("host")).ok());
+  const uint64_t second = Pack(kM, kV, 4).total + 64;
+  const absl::StatusOr<OpenedSession> refused = Open(OpenIn("host", second));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(), OverHostBytes(cap, kHostBytes, kHostBytes, kM));
+  EXPECT_EQ(manager_->open_count(), 1);
+  EXPECT_EQ(recorder_.started, 1);  // refused before its runner started
+  // Half the rows fill the cap exactly: that fits.
+  SessionOpen smaller = OpenIn("host", second);
+  smaller.max_batch = kM / 2;
+  const absl::StatusOr<OpenedSession> opened = Open(smaller);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(manager_->open_count(), 2);
+
+  // 0 is no limit.
+  manager_ = MakeManager(kCpu, BackendKind::kCpu, 2, Limits{}.max_region_list_bytes, 0);
+  EXPECT_TRUE(Open(OpenIn("host")).ok());
+  EXPECT_TRUE(Open(OpenIn("host", second)).ok());
+}
+
+TEST_F(HostSessions, EndingAHostSessionFreesItsShareOfMaxHostSessionBytes) {
+  manager_ = MakeManager(kCpu, BackendKind::kCpu, 2, Limits{}.max_region_list_bytes, kHostBytes);
+  const SessionOpen first = OpenIn("host");
+  const SessionOpen second = OpenIn("host", Pack(kM, kV, 4).total + 64);
+  // Ended by Close.
+  absl::StatusOr<OpenedSession> opened = Open(first);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_TRUE(HasStatus(Open(second), absl::StatusCode::kResourceExhausted,
+                        OverHostBytes(kHostBytes, kHostBytes, kHostBytes, kM)));
+  ASSERT_TRUE(manager_->Close(opened->id).ok());
+  absl::Notification ended;
+  opened = manager_->Open(second, [&](const absl::Status&) { ended.Notify(); });
+  ASSERT_TRUE(opened.ok()) << opened.status();
+
+  // Ended by a runner fault (from the runner's own thread, as a real runner reports).
+  EXPECT_TRUE(
+      HasStatus(Open(first), absl::StatusCode::kResourceExhausted, "(--max_host_session_bytes)"));
+  std::thread runner_thread(recorder_.on_fault, absl::InternalError("engine gone"));
+  runner_thread.join();
+  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(manager_->open_count(), 0);
+
+  // A runner that fails to start frees its share with its slot.
+  recorder_.fail_start = absl::ResourceExhaustedError("no threads");
+  EXPECT_TRUE(HasStatus(Open(first), absl::StatusCode::kResourceExhausted, "no threads"));
+  recorder_.fail_start = absl::OkStatus();
+  EXPECT_TRUE(Open(first).ok());
+}
+
 TEST_F(HostSessions, CloseStopsTheRunnerReturnsItsStepsAndFreesTheSlot) {
   absl::StatusOr<OpenedSession> opened = Open(OpenIn("host"));
   ASSERT_TRUE(opened.ok());
@@ -509,6 +575,7 @@ TEST_F(HostSessions, SupportReportsTheLimitPlanesAndOpenSessions) {
   ASSERT_TRUE(Open(OpenIn("host")).ok());
   const SessionSupport support = manager_->Support();
   EXPECT_EQ(support.max_sessions, 2);
+  EXPECT_EQ(support.max_host_session_bytes, int64_t{8} << 30);  // the default
   EXPECT_FALSE(support.gpu_plane);
   EXPECT_TRUE(support.host_plane);
   EXPECT_EQ(support.open_sessions, 1);

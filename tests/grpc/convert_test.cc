@@ -224,12 +224,17 @@ TEST(ToProto, DescribesTheServer) {
 
 TEST(ToProto, DescribesDeviceSessionSupport) {
   core::ServerInfo info;
-  info.device_sessions = {
-      /*max_sessions=*/5, /*gpu_plane=*/true,  /*host_plane=*/true,
-      /*mps=*/true,       /*open_sessions=*/3, /*processors=*/true};
+  info.device_sessions = {/*max_sessions=*/5,
+                          /*gpu_plane=*/true,
+                          /*host_plane=*/true,
+                          /*mps=*/true,
+                          /*open_sessions=*/3,
+                          /*processors=*/true,
+                          /*max_host_session_bytes=*/int64_t{3} << 30};
   v1::GetServerInfoResponse out;
   ToProto(info, TransportLimits{}, &out);
   EXPECT_EQ(out.limits().max_device_sessions(), 5);
+  EXPECT_EQ(out.limits().max_host_session_bytes(), int64_t{3} << 30);
   EXPECT_TRUE(out.device_sessions().gpu_plane());
   EXPECT_TRUE(out.device_sessions().host_plane());
   EXPECT_TRUE(out.device_sessions().mps());

@@ -215,6 +215,52 @@ TEST(DeviceSessionCapacities, AProcessorsBufferOverMaxMessageBytesIsResourceExha
   EXPECT_EQ(server->Stop(), 0) << server->Log();
 }
 
+// Each host-plane session reserves a host copy of a full step's logits (max_batch x V elements);
+// --max_host_session_bytes bounds their sum, which GetServerInfo reports. An open past it is
+// refused precisely, the server goes on serving, and a close makes room.
+TEST(DeviceSessionHostBytes, AnOpenPastMaxHostSessionBytesIsResourceExhaustedUntilOneCloses) {
+  constexpr int64_t kSessionBytes = int64_t{kM} * kV * 4;  // fp32
+  ServerProcess::Options options = CpuServerOptions();
+  options.extra_args = {"--max_host_session_bytes=" + std::to_string(kSessionBytes),
+                        "--host_plane_threads=1"};
+  std::string error;
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start(options, &error);
+  ASSERT_NE(server, nullptr) << error;
+  {
+    Client client(server->target());
+    v1::GetServerInfoResponse info;
+    ASSERT_TRUE(client.GetServerInfo(&info).ok());
+    EXPECT_EQ(info.limits().max_host_session_bytes(), kSessionBytes);
+    SessionBuffers a(&client, "hostbytes-a");
+    SessionBuffers b(&client, "hostbytes-b");
+    ASSERT_TRUE(a.ok() && b.ok());
+    std::unique_ptr<Call> first = OpenSession(&client, a.Open());
+    ASSERT_TRUE(first->is_open) << first->status.error_message();
+    std::unique_ptr<Call> second = OpenSession(&client, b.Open());
+    ASSERT_FALSE(second->is_open);
+    EXPECT_EQ(second->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(second->status.error_message(),
+              absl::StrCat("expected host-plane device sessions reserving at most ", kSessionBytes,
+                           " bytes in total for their copies of a step's logits "
+                           "(--max_host_session_bytes), got ",
+                           kSessionBytes, " bytes held by the open ones plus ", kSessionBytes,
+                           " for this one (max_batch ", kM, " x vocab ", kV,
+                           " x 4 bytes fp32): open it with a smaller max_batch, close a session, "
+                           "or raise --max_host_session_bytes"));
+    // The open session goes on stepping; closing it makes room for the other.
+    EXPECT_EQ(a.Step(1), static_cast<int>(SAMPLERD_STEP_OK));
+    grpc::Status status;
+    EXPECT_EQ(CloseSession(first.get(), &status), 1);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    second = OpenSession(&client, b.Open());
+    ASSERT_TRUE(second->is_open) << second->status.error_message();
+    EXPECT_EQ(b.Step(1), static_cast<int>(SAMPLERD_STEP_OK));
+    EXPECT_EQ(CloseSession(second.get(), &status), 1);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_EQ(server->Stop(), 0) << server->Log();
+}
+
 TEST(DeviceSessionPeers, OverTcpWithoutAllowRemoteRegionsItIsPermissionDenied) {
   const int port = PickFreeTcpPort();
   ASSERT_GT(port, 0);

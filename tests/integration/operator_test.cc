@@ -189,6 +189,8 @@ TEST(CommandLine, ABadCommandLineExits2WithOneExpectedGotLine) {
       {{"--max_vocab=4611686018427387904"},
        "expected --max_vocab in [1, 2147483647] (token ids are int32), got 4611686018427387904"},
       {{"--max_batch=16777217"}, "expected --max_batch in [1, 16777216], got 16777217"},
+      {{"--max_host_session_bytes=-1"},
+       "expected --max_host_session_bytes >= 0 (0 = no limit), got -1"},
       // A budget without room for one message would let no unary request in.
       {{"--max_message_bytes=1048576", "--max_receive_bytes=1048575"},
        "expected --max_receive_bytes of 0 (no limit) or at least --max_message_bytes (1048576), "

@@ -225,6 +225,8 @@ TEST_F(SampleOverUds, GetServerInfoDescribesTheCpuBackend) {
   EXPECT_EQ(info.limits().chunk_timeout_ms(), 10000);
   EXPECT_EQ(info.limits().max_region_bytes(), int64_t{4} << 40);  // --max_region_bytes: 4 TiB
   EXPECT_EQ(info.limits().max_regions(), 4096);                   // --max_regions
+  // --max_host_session_bytes: 8 GiB.
+  EXPECT_EQ(info.limits().max_host_session_bytes(), int64_t{8} << 30);
 }
 
 // The same server behind TCP on a port picked here (bound to 0, released, passed on).

@@ -96,11 +96,6 @@ int32_t RowStatusNumber(kernels::RowStatus status) {
   }
 }
 
-size_t SnapshotBytes(const SessionSpec& spec) {
-  return static_cast<size_t>(spec.max_batch) * spec.vocab *
-         static_cast<size_t>(kernels::DTypeSize(spec.dtype));
-}
-
 absl::Status TruncatedError() {
   return absl::FailedPreconditionError(
       "expected the session's host shm objects to cover their regions, got a bus error: the "
@@ -120,7 +115,7 @@ kernels::FastCpuSampler::Options SamplerOptions(int threads, const HostPlaneOpti
   o.spin_us = std::max(0, options.spin_us);
   o.guard = GuardedRun;
   o.snapshot_logits = true;
-  o.snapshot_reserve_bytes = SnapshotBytes(spec);
+  o.snapshot_reserve_bytes = static_cast<size_t>(HostSessionBytes(spec));
   return o;
 }
 
@@ -340,6 +335,11 @@ absl::Status CheckSpec(const SessionSpec& spec) {
 
 }  // namespace
 
+uint64_t HostSessionBytes(const SessionSpec& spec) {
+  return uint64_t{spec.max_batch} * spec.vocab *
+         static_cast<uint64_t>(kernels::DTypeSize(spec.dtype));
+}
+
 absl::StatusOr<std::unique_ptr<PlaneRunner>> StartHostPlane(SessionSpec spec,
                                                             const HostPlaneOptions& options,
                                                             PlaneRunner::FaultCallback on_fault) {
@@ -349,7 +349,7 @@ absl::StatusOr<std::unique_ptr<PlaneRunner>> StartHostPlane(SessionSpec spec,
     threads =
         std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, kMaxDefaultThreads);
   }
-  const size_t bytes = SnapshotBytes(spec);
+  const uint64_t bytes = HostSessionBytes(spec);
   const uint32_t max_batch = spec.max_batch;
   const uint32_t vocab = spec.vocab;
   try {

@@ -6,6 +6,7 @@
 #ifndef SAMPLERD_SERVICE_CORE_SESSION_HOST_PLANE_H_
 #define SAMPLERD_SERVICE_CORE_SESSION_HOST_PLANE_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -23,6 +24,11 @@ struct HostPlaneOptions {
   int spin_us = 20000;
   int sleep_us = 50;
 };
+
+// The bytes a host-plane session of `spec`'s shape reserves for its copy of a full step's logits
+// (max_batch x vocab elements of its dtype; the row stride's padding is not copied). Reserved
+// by StartHostPlane; SessionManager sums them against --max_host_session_bytes.
+uint64_t HostSessionBytes(const SessionSpec& spec);
 
 // Starts serving `spec` (plane kHost; host pointers). Errors: INVALID_ARGUMENT for a spec that
 // is not a host-plane spec; RESOURCE_EXHAUSTED when threads cannot be started.

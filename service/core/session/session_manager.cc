@@ -374,9 +374,28 @@ absl::StatusOr<OpenedSession> SessionManager::Open(const SessionOpen& open, EndC
                        " open device sessions (--max_device_sessions), got a request for one "
                        "more; close one or retry later"));
     }
+    const uint64_t host_bytes = spec.plane == SessionPlane::kHost ? HostSessionBytes(spec) : 0;
+    if (options_.max_host_session_bytes > 0 && host_bytes > 0) {
+      // Each share is bounded by the limits (< 2^58 bytes) and the shares held by the cap, so
+      // the sum cannot overflow.
+      uint64_t held = 0;
+      for (const auto& [id, session] : sessions_) held += session->host_bytes;
+      const uint64_t cap = static_cast<uint64_t>(options_.max_host_session_bytes);
+      if (held + host_bytes > cap) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "expected host-plane device sessions reserving at most ", cap,
+            " bytes in total for their copies of a step's logits (--max_host_session_bytes), got ",
+            held, " bytes held by the open ones plus ", host_bytes, " for this one (max_batch ",
+            spec.max_batch, " x vocab ", spec.vocab, " x ", kernels::DTypeSize(spec.dtype),
+            " bytes ", kernels::DTypeName(spec.dtype),
+            "): open it with a smaller max_batch, close a session, or raise "
+            "--max_host_session_bytes"));
+      }
+    }
     opened.id = absl::StrCat("ds-", ++next_id_);
     auto session = std::make_unique<Session>();
     session->id = opened.id;
+    session->host_bytes = host_bytes;
     session->control = spec.control;
     session->control_view = control;
     session->on_end = std::move(on_end);
@@ -511,6 +530,7 @@ int SessionManager::open_count() const {
 SessionSupport SessionManager::Support() const {
   SessionSupport support;
   support.max_sessions = options_.max_sessions;
+  support.max_host_session_bytes = options_.max_host_session_bytes;
   support.gpu_plane = backend_ == BackendKind::kGpu && device_.ipc_memory;
   support.host_plane = true;
   support.open_sessions = open_count();

@@ -77,6 +77,7 @@ struct SessionSupport {
   bool mps = false;
   int32_t open_sessions = 0;
   bool processors = true;  // DeviceSessionOpen's token_bitmask and processors are applied
+  int64_t max_host_session_bytes = 0;  // DeviceSessionOptions::max_host_session_bytes
 };
 
 // Starts a runner on a validated spec (host_plane.h, gpu_plane.h; tests inject fakes).
@@ -87,6 +88,13 @@ using RunnerFactory = std::function<absl::StatusOr<std::unique_ptr<PlaneRunner>>
 struct DeviceSessionOptions {
   // Most sessions open at once (--max_device_sessions); one more is RESOURCE_EXHAUSTED. 0: none.
   int32_t max_sessions = 8;
+  // Most bytes the open host-plane sessions reserve in total for their copies of a step's logits
+  // (HostSessionBytes: max_batch x vocab x element size each), --max_host_session_bytes; an
+  // open past it is RESOURCE_EXHAUSTED. GPU-plane sessions do not count (their logits stay on
+  // the GPU). 0: no limit. The reservation is virtual until full steps touch it, so without a
+  // cap the sessions the limits allow (M = 2,048, V = 4,194,304 fp32: 32 GiB each) could take
+  // the host's memory.
+  int64_t max_host_session_bytes = int64_t{8} << 30;
   HostPlaneOptions host;  // --host_plane_threads, --session_spin_us
   GpuPlaneOptions gpu;    // --session_spin_us
 };
@@ -114,9 +122,10 @@ class SessionManager {
 
   // Validates `open`, leases its buffers and starts its runner. Errors (each "expected X, got
   // Y"): INVALID_ARGUMENT for a bad shape, enum value, missing buffer, misalignment, overlap or
-  // mixed region kinds; RESOURCE_EXHAUSTED for max_batch or vocab over the limits, or
-  // options.max_sessions open already; NOT_FOUND for an unknown region; OUT_OF_RANGE for a slice
-  // too small for its buffer; FAILED_PRECONDITION for host outputs samplerd cannot write, a
+  // mixed region kinds; RESOURCE_EXHAUSTED for max_batch or vocab over the limits,
+  // options.max_sessions open already, or a host-plane session whose bytes would take the open
+  // ones past options.max_host_session_bytes; NOT_FOUND for an unknown region; OUT_OF_RANGE for a
+  // slice too small for its buffer; FAILED_PRECONDITION for host outputs samplerd cannot write, a
   // plane the regions or the server do not fit, or another device; ALREADY_EXISTS for a control
   // block an open session uses; UNAVAILABLE after CloseAll; and the runner's own errors.
   // `on_end` (see EndCallback) may be empty.
@@ -143,6 +152,9 @@ class SessionManager {
     uint8_t* control = nullptr;           // resolved address: one session per control block
     RegionView control_view;              // its shm object and offset, under any region name
     std::unique_ptr<PlaneRunner> runner;  // null while starting
+    // Its share of options_.max_host_session_bytes: HostSessionBytes for the host plane, 0 for
+    // the GPU plane. Freed when the session leaves sessions_.
+    uint64_t host_bytes = 0;
     EndCallback on_end;
     absl::Status early_fault;  // a fault reported while starting
     // Regions to unregister once the session has ended (SessionOpen::unregister_regions_on_end),
