@@ -254,6 +254,7 @@ def rule_memory_budget(pod):
     "Memory", says why):
 
       256 MiB + max_inflight_bytes + 2.5 x (max_receive_bytes + max_inflight x max_message_bytes)
+              + max_host_session_bytes
 
     --max_inflight_bytes bounds the logits of admitted work, chunked SampleStream steps included
     (which no other flag bounds; 0 or unset: no limit, counted as 0). --max_receive_bytes bounds
@@ -261,7 +262,9 @@ def rule_memory_budget(pod):
     requests is held whole; below --max_message_bytes the server refuses to start. The last term
     is the stream messages, one per stream at a time, which the engine keeps to --max_inflight.
     The server's defaults (256 requests of 256 MiB, no budgets) would get it OOM-killed, so
-    --max_message_bytes and --max_inflight must be set in every case."""
+    --max_message_bytes and --max_inflight must be set in every case. So must
+    --max_host_session_bytes (0 is no limit; its default, 8 GiB, is above any sidecar's limit
+    here): the host-plane device sessions' copies of a step's logits, held while they are open."""
     limit = memory_mib(((pod.sidecar.get("resources") or {}).get("limits") or {}).get("memory"))
     budget = pod.flags.get("max_inflight_bytes", "0")
     expect(budget.isdigit(),
@@ -272,18 +275,22 @@ def rule_memory_budget(pod):
            f"expected --max_receive_bytes ({receive}) at least --max_message_bytes ({message}): "
            "samplerd refuses to start with less")
     inflight = positive_flag(pod, "max_inflight", "count (0 is no limit)")
+    sessions = positive_flag(pod, "max_host_session_bytes", "byte count (0 is no limit)")
     budget_mib = int(budget) / 2**20
     receive_mib = receive / 2**20
     messages_mib = inflight * message / 2**20
-    worst = BASE_MEMORY_MIB + budget_mib + INLINE_PEAK_FACTOR * (receive_mib + messages_mib)
+    sessions_mib = sessions / 2**20
+    worst = (BASE_MEMORY_MIB + budget_mib + INLINE_PEAK_FACTOR * (receive_mib + messages_mib) +
+             sessions_mib)
     budget_text = (f"--max_inflight_bytes={budget} ({budget_mib:.0f} MiB) of admitted logits, "
                    if budget_mib else "")
     expect(worst <= limit,
            f"expected samplerd's memory limit ({limit:.0f} MiB) to hold {budget_text}"
            f"--max_receive_bytes={receive} ({receive_mib:.0f} MiB) of unary requests and "
            f"{inflight} stream messages of {message / 2**20:.0f} MiB being received, at "
-           f"{INLINE_PEAK_FACTOR}x, and {BASE_MEMORY_MIB} MiB besides ({worst:.0f} MiB), "
-           "got less")
+           f"{INLINE_PEAK_FACTOR}x, --max_host_session_bytes={sessions} ({sessions_mib:.0f} MiB) "
+           f"of host-plane session copies, and {BASE_MEMORY_MIB} MiB besides "
+           f"({worst:.0f} MiB), got less")
 
 
 def rule_images(pod):
