@@ -14,10 +14,11 @@ inline void CpuRelax() {
 
 }  // namespace
 
-WorkerPool::WorkerPool(int threads, int spin_us) : spin_us_(spin_us < 0 ? 0 : spin_us) {
+WorkerPool::WorkerPool(int threads, int spin_us)
+    : spin_us_(spin_us < 0 ? 0 : spin_us), shares_(threads > 1 ? threads : 1) {
   const int workers = threads > 1 ? threads - 1 : 0;
   workers_.reserve(workers);
-  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i < workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i + 1); });
 }
 
 WorkerPool::~WorkerPool() {
@@ -29,11 +30,17 @@ WorkerPool::~WorkerPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void WorkerPool::Drain() {
+void WorkerPool::Drain(int slot) {
   const std::function<void(int64_t)>& fn = *fn_;
-  for (int64_t i = next_.fetch_add(1, std::memory_order_relaxed); i < n_;
-       i = next_.fetch_add(1, std::memory_order_relaxed)) {
-    fn(i);
+  const int threads = static_cast<int>(shares_.size());
+  for (int k = 0; k < threads; ++k) {
+    Share& share = shares_[(slot + k) % threads];
+    // A look before the claim: a share already taken costs a read, not a write to its line.
+    while (share.next.load(std::memory_order_relaxed) < share.end) {
+      const int64_t i = share.next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= share.end) break;
+      fn(i);
+    }
   }
 }
 
@@ -44,21 +51,24 @@ void WorkerPool::Run(int64_t n, const std::function<void(int64_t)>& fn) {
     return;
   }
   fn_ = &fn;
-  n_ = n;
-  next_.store(0, std::memory_order_relaxed);
+  const int64_t threads = static_cast<int64_t>(shares_.size());
+  for (int64_t s = 0; s < threads; ++s) {
+    shares_[s].next.store(s * n / threads, std::memory_order_relaxed);
+    shares_[s].end = (s + 1) * n / threads;
+  }
   active_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_seq_cst);  // publishes fn_, n_, next_, active_
+  generation_.fetch_add(1, std::memory_order_seq_cst);  // publishes fn_, shares_, active_
   if (sleeping_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     cv_.notify_all();
   }
-  Drain();
+  Drain(0);
   // Every worker takes part in every loop (possibly claiming nothing), so this wait is short
   // once the indices run out.
   while (active_.load(std::memory_order_acquire) != 0) CpuRelax();
 }
 
-void WorkerPool::WorkerLoop() {
+void WorkerPool::WorkerLoop(int slot) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t now = generation_.load(std::memory_order_acquire);
@@ -82,7 +92,7 @@ void WorkerPool::WorkerLoop() {
       if (stop_) return;
     }
     seen = now;
-    Drain();
+    Drain(slot);
     active_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
