@@ -213,10 +213,14 @@ class PhaseClock {
     ++times_->calls;
     last_ = std::chrono::steady_clock::now();
   }
-  void Mark(int64_t PhaseTimes::*field) {
+  void Mark(int64_t PhaseTimes::*field) { Mark(field, nullptr); }
+  // Adds the time to `part` as well (a part of the phase `field`), when it is not null.
+  void Mark(int64_t PhaseTimes::*field, int64_t PhaseTimes::*part) {
     if (times_ == nullptr) return;
     const auto now = std::chrono::steady_clock::now();
-    times_->*field += std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count();
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count();
+    times_->*field += ns;
+    if (part != nullptr) times_->*part += ns;
     last_ = now;
   }
 
@@ -253,15 +257,26 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
   if (static_cast<int64_t>(stats.size()) < batch * chunks) stats.resize(batch * chunks);
   while (static_cast<int64_t>(rows.size()) < batch) rows.push_back(std::make_unique<RowState>());
   for (int64_t row = 0; row < batch; ++row) {
-    rows[row]->p = args.params[args.params_count == 1 ? 0 : row];
+    RowState& r = *rows[row];
+    r.p = args.params[args.params_count == 1 ? 0 : row];
+    if (cpu_fast_internal::WantsWindowSample(r.p, args.vocab)) {
+      r.window_sample.resize(cpu_fast_internal::kWindowSample);
+    } else {
+      r.window_sample.clear();
+    }
   }
 
   // 1. Stats; greedy rows end here.
   if (!Run(batch * chunks, [&](int64_t i) {
         const int64_t row = i / chunks;
         const int64_t begin = i % chunks * piece;
-        stats[i] = SnapshotChunkStats(caller_args, args, row, begin,
-                                      std::min(piece, args.vocab - begin), rows[row]->p);
+        const int64_t n = std::min(piece, args.vocab - begin);
+        stats[i] = SnapshotChunkStats(caller_args, args, row, begin, n, rows[row]->p);
+        // NarrowMassWindow's sample, from the tokens this task just read (from `args`: the
+        // snapshot, when there is one, as every later pass).
+        if (!rows[row]->window_sample.empty()) {
+          cpu_fast_internal::SampleForWindow(args, row, begin, n, *rows[row]);
+        }
       })) {
     return false;
   }
@@ -291,7 +306,11 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
       })) {
     return false;
   }
+  clock.Mark(&PhaseTimes::select_ns, &PhaseTimes::window_ns);
   while (!selecting.empty()) {
+    const bool histogram = std::any_of(selecting.begin(), selecting.end(), [&](int64_t row) {
+      return rows[row]->pass != Pass::kGather;
+    });
     if (!RunChunks(selecting, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
           RowState& r = *rows[row];
           if (r.pass == Pass::kGather) return cpu_fast_internal::Gather(args, row, t0, t1, r);
@@ -299,18 +318,19 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
         })) {
       return false;
     }
+    clock.Mark(&PhaseTimes::select_ns,
+               histogram ? &PhaseTimes::histogram_ns : &PhaseTimes::gather_ns);
     if (!Run(static_cast<int64_t>(selecting.size()),
              [&](int64_t i) { cpu_fast_internal::Advance(gather_cap, *rows[selecting[i]]); })) {
       return false;
     }
+    clock.Mark(&PhaseTimes::select_ns, &PhaseTimes::advance_ns);
     size_t kept = 0;
     for (int64_t row : selecting) {
       if (rows[row]->plan == Plan::kSelect) selecting[kept++] = row;
     }
     selecting.resize(kept);
   }
-
-  clock.Mark(&PhaseTimes::select_ns);
 
   // 3. Draw. Plain-temperature rows: piece masses over every task range; the task that
   // completes a row finds its token (or hands the row to the oracle's draw), so no second loop.

@@ -35,11 +35,15 @@ namespace samplerd::kernels {
 // Wall nanoseconds of FastCpuSampler::Sample's phases, summed over calls (Options::phase_times).
 struct PhaseTimes {
   int64_t calls = 0;
-  int64_t stats_ns = 0;   // 1. the stats pass (with the snapshot's copy) and each row's plan
-  int64_t select_ns = 0;  // 2. top-k / top-p thresholds: the window's sample, passes, Advance
-  int64_t draw_ns = 0;    // 3. plain-temperature rows, then the Gumbel-max draws
-  int64_t output_ns = 0;  // tokens and statuses written
-  int64_t loops = 0;      // pool loops that ran on the workers (each ends in a barrier)
+  int64_t stats_ns = 0;      // 1. the stats pass (with the snapshot's copy) and each row's plan
+  int64_t select_ns = 0;     // 2. top-k / top-p thresholds: the sum of the next four
+  int64_t window_ns = 0;     //    the top-p window's sample (NarrowMassWindow)
+  int64_t histogram_ns = 0;  //    passes in which some row bins its tokens
+  int64_t gather_ns = 0;     //    passes in which every row gathers
+  int64_t advance_ns = 0;    //    Advance after each pass (boundary bins, gathered sorts)
+  int64_t draw_ns = 0;       // 3. plain-temperature rows, then the Gumbel-max draws
+  int64_t output_ns = 0;     // tokens and statuses written
+  int64_t loops = 0;         // pool loops that ran on the workers (each ends in a barrier)
 };
 
 class FastCpuSampler {

@@ -464,7 +464,7 @@ void DrawChunks(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
     DrawScalar(z, begin, j, n, top, span, p, key, best);
   }
   if (best.id < 0) return;
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::lock_guard<SpinMutex> lock(r.mu);
   r.Offer(best.score, best.id);
 }
 

@@ -130,7 +130,7 @@ bool MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
     pieces.push_back(piece);
     begin = end;
   }
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::lock_guard<SpinMutex> lock(r.mu);
   r.pieces.insert(r.pieces.end(), pieces.begin(), pieces.end());
   r.covered += t1 - t0;
   return r.covered == args.vocab;

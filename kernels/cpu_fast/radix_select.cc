@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "kernels/cpu_fast/bin_kernels.h"
@@ -187,7 +188,7 @@ void HistogramPass(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, 
     const int32_t b0 = low_bin + stripe * stripe_bins;
     const int32_t b1 = std::min(end, b0 + stripe_bins);
     if (b0 >= b1) continue;
-    std::lock_guard<std::mutex> lock(r.stripe_mu[stripe]);
+    std::lock_guard<SpinMutex> lock(r.stripe_mu[stripe]);
     if (with_masses) {
       for (int32_t b = b0; b < b1; ++b) r.mass[b] += mass[b];
     } else {
@@ -242,14 +243,37 @@ void StartStage(int64_t gather_cap, RowState& r) {
   r.SetGrid(top, bottom, GridScale(r.mx, floor));
 }
 
+bool WantsWindowSample(const RowParams& p, int64_t vocab) {
+  return !(p.temperature < kGreedyTemperature) && p.top_p > 0.0f && p.top_p < 1.0f &&
+         vocab / kWindowSample >= 16;
+}
+
+void SampleForWindow(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, RowState& r) {
+  const int64_t stride = args.vocab / kWindowSample;
+  const int64_t half = stride / 2;
+  // The first k with k * stride + half >= begin.
+  int64_t k = begin <= half ? 0 : (begin - half + stride - 1) / stride;
+  const unsigned char* fp32 = Fp32Chunk(args, row, 0);
+  for (; k < kWindowSample && k * stride + half < begin + n; ++k) {
+    const int64_t j = k * stride + half;
+    float x;
+    if (fp32 != nullptr) {
+      std::memcpy(&x, fp32 + j * 4, 4);
+    } else {
+      LoadChunk(args, row, j, 1, &x);
+    }
+    r.window_sample[k] = x;
+  }
+}
+
 void NarrowMassWindow(const SampleArgs& args, int64_t row, RowState& r) {
   if (r.stage != Stage::kTopP || r.pass != Pass::kHistogram || !r.grid) return;
-  // 512 tokens: on a flat row the sample's cumulative mass fraction at the boundary is within
-  // ~0.01 of the row's, and the window (8 standard errors each side) holds ~15% of the tokens.
-  constexpr int64_t kSample = 512;
+  // The window (8 standard errors each side) holds ~15% of a flat row's tokens.
+  constexpr int64_t kSample = kWindowSample;
   constexpr double kStandardErrors = 8.0;
   const int64_t stride = args.vocab / kSample;
   if (stride < 16) return;  // a short row: the whole pass costs little more than the sample
+  const bool sampled = static_cast<int64_t>(r.window_sample.size()) == kSample;
   // The sample's masses per grid bin and per group of kGroupBins bins (a short scan below).
   std::vector<double>& weight = Scratch().window_weight;
   weight.assign(kGridBins + 1 + kWindowGroups, 0.0);
@@ -261,7 +285,9 @@ void NarrowMassWindow(const SampleArgs& args, int64_t row, RowState& r) {
   for (int64_t k = 0; k < kSample; ++k) {
     const int64_t j = k * stride + stride / 2;
     float x;
-    if (fp32 != nullptr) {
+    if (sampled) {
+      x = r.window_sample[k];
+    } else if (fp32 != nullptr) {
       std::memcpy(&x, fp32 + j * 4, 4);
     } else {
       LoadChunk(args, row, j, 1, &x);
@@ -309,7 +335,7 @@ void Gather(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowStat
       }
     }
   }
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::lock_guard<SpinMutex> lock(r.mu);
   r.candidates.insert(r.candidates.end(), t.candidates.begin(), t.candidates.end());
 }
 

@@ -33,13 +33,23 @@ namespace samplerd::kernels::cpu_fast_internal {
 // range, or a gather when the stage is known to hold <= gather_cap tokens.
 void StartStage(int64_t gather_cap, RowState& r);
 
+// Whether row params `p` over `vocab` tokens may take NarrowMassWindow's sample (top-p, not
+// greedy, a row of at least 16 x kWindowSample tokens): the stats pass then fills it.
+bool WantsWindowSample(const RowParams& p, int64_t vocab);
+
+// The stats pass's part of NarrowMassWindow's sample: the sampled tokens of [begin, begin + n)
+// of row `row` into r.window_sample (sized kWindowSample). Tasks write disjoint entries.
+void SampleForWindow(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, RowState& r);
+
 // Before the grid pass of a top-p stage (StartStage left r.pass == Pass::kHistogram, r.grid):
 // estimates where the stage's boundary falls from the masses of a sample of the row's tokens
 // and narrows the pass's exact bins to a window around it (RowState::window_lo), so that most
 // tokens skip the per-bin add. A window that misses the boundary costs the grid pass again,
 // never a different threshold (Advance). Leaves the window whole where the sample's masses are
-// too uneven to say (a peaked row: few tokens hold the mass) or the row is short. Reads ~512
-// tokens of row `row`.
+// too uneven to say (a peaked row: few tokens hold the mass) or the row is short. Reads
+// kWindowSample tokens: r.window_sample when the stats pass filled it (at B = 1 the row's
+// tokens sit in the other threads' caches, and reading them here one by one cost ~20 µs on 12
+// threads), else the row.
 void NarrowMassWindow(const SampleArgs& args, int64_t row, RowState& r);
 
 // The histogram pass over tokens [t0, t1) of row `row` (t0 % 4 == 0): adds their counts (and, for

@@ -8,16 +8,19 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
-#include <mutex>
 #include <vector>
 
 #include "kernels/common/sampling_types.h"
 #include "kernels/cpu_fast/row_chunks.h"
+#include "kernels/cpu_fast/spin_mutex.h"
 
 namespace samplerd::kernels::cpu_fast_internal {
 
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 inline constexpr int kBinBits = 10;
+// Tokens of a row in NarrowMassWindow's sample: on a flat row the sample's cumulative mass
+// fraction at the boundary is within ~0.01 of the row's.
+inline constexpr int64_t kWindowSample = 512;
 inline constexpr int kMaxBins = 1 << kBinBits;  // bins of one radix histogram pass
 // The first pass of a stage bins z on a grid below the row max instead (radix_select.h): bin
 // floor((mx - z) * scale) while that is < kGridBins, else kGridBins. The scale spreads the
@@ -80,14 +83,14 @@ struct MassPiece {
   int64_t left_out;  // tokens left out of `mass` (x < RowState::skip_below)
 };
 
-// Chunk tasks of one row lock `mu` to merge their results into it; the per-row steps (Decide,
-// StartStage, Advance) run as the row's only task.
+// Chunk tasks of one row lock `mu` to merge their results into it (a spin lock: spin_mutex.h);
+// the per-row steps (Decide, StartStage, Advance) run as the row's only task.
 struct RowState {
-  std::mutex mu;
+  SpinMutex mu;
   // Histogram merges lock one stripe of the bins at a time, each task starting at its own
   // stripe (merge_ticket), so that tasks finishing together merge side by side.
   static constexpr int kMergeStripes = 8;
-  std::mutex stripe_mu[kMergeStripes];
+  SpinMutex stripe_mu[kMergeStripes];
   std::atomic<uint32_t> merge_ticket{0};
   Plan plan = Plan::kDone;
   RowParams p;
@@ -109,6 +112,9 @@ struct RowState {
   // below into bin window_hi + 1. Every bin from window_lo - 1 to window_hi then has its exact
   // cumulative mass and count, and the total is exact. [0, kGridBins]: every bin.
   int32_t window_lo = 0;
+  // NarrowMassWindow's sample of the row's x, filled by the stats pass (SampleForWindow):
+  // entry k is token k * (V / kWindowSample) + (V / kWindowSample) / 2. Empty: no sample.
+  std::vector<float> window_sample;
   int32_t window_hi = kGridBins;
   uint32_t lo = 0, hi = 0;  // histogram key range
   int shift = 0;

@@ -3,16 +3,11 @@
 
 #include <chrono>
 
+#include "kernels/cpu_fast/spin_mutex.h"
+
 namespace samplerd::kernels {
-namespace {
 
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-}  // namespace
+using cpu_fast_internal::CpuRelax;
 
 WorkerPool::WorkerPool(int threads, int spin_us)
     : spin_us_(spin_us < 0 ? 0 : spin_us), shares_(threads > 1 ? threads : 1) {

@@ -174,6 +174,10 @@ void BM_FastPhases(benchmark::State& state) {
   const double calls = static_cast<double>(std::max<int64_t>(times.calls, 1));
   state.counters["stats_us"] = static_cast<double>(times.stats_ns) / calls / 1e3;
   state.counters["select_us"] = static_cast<double>(times.select_ns) / calls / 1e3;
+  state.counters["window_us"] = static_cast<double>(times.window_ns) / calls / 1e3;
+  state.counters["histogram_us"] = static_cast<double>(times.histogram_ns) / calls / 1e3;
+  state.counters["gather_us"] = static_cast<double>(times.gather_ns) / calls / 1e3;
+  state.counters["advance_us"] = static_cast<double>(times.advance_ns) / calls / 1e3;
   state.counters["draw_us"] = static_cast<double>(times.draw_ns) / calls / 1e3;
   state.counters["output_us"] = static_cast<double>(times.output_ns) / calls / 1e3;
   state.counters["loops"] = static_cast<double>(times.loops) / calls;

@@ -21,6 +21,8 @@
 #include "kernels/cpu/half_float.h"
 #include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
+#include "kernels/cpu_fast/radix_select.h"
+#include "kernels/cpu_fast/row_state.h"
 
 namespace samplerd::kernels {
 namespace {
@@ -194,6 +196,50 @@ TEST(FastCpuTopPTest, NearFlatAndPeakedRowsGiveTheOraclesTokensOnEveryPath) {
     }
   }
   EXPECT_EQ(rows_checked, 420);
+}
+
+// NarrowMassWindow's sample comes from the stats pass (SampleForWindow, one call per task's
+// piece of the row): whatever the pieces, entry k is the row's token k * (V / 512) + (V / 512) / 2,
+// in fp32 and widened from bf16.
+TEST(FastCpuTopPTest, TheStatsPassesSampleIsTheRowsTokensAtTheSampleIndices) {
+  using cpu_fast_internal::kWindowSample;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int64_t vocab : {int64_t{8192}, int64_t{100003}, int64_t{151936}}) {
+    std::vector<float> x(static_cast<size_t>(2 * vocab));
+    for (float& v : x) v = normal(rng);
+    std::vector<uint16_t> bf16(x.size());
+    for (size_t j = 0; j < x.size(); ++j) {
+      const float rounded = RoundToBf16(x[j]);
+      uint32_t bits;
+      std::memcpy(&bits, &rounded, sizeof(bits));
+      bf16[j] = static_cast<uint16_t>(bits >> 16);
+    }
+    for (const DType dtype : {DType::kFp32, DType::kBf16}) {
+      SampleArgs args;
+      args.logits = dtype == DType::kFp32 ? static_cast<const void*>(x.data()) : bf16.data();
+      args.dtype = dtype;
+      args.batch = 2;
+      args.vocab = vocab;
+      args.row_stride = vocab;
+      for (const int64_t piece : {int64_t{777}, int64_t{2048}, int64_t{8192}, vocab}) {
+        cpu_fast_internal::RowState r;
+        r.window_sample.assign(kWindowSample, std::nanf(""));
+        const int64_t row = 1;
+        for (int64_t begin = 0; begin < vocab; begin += piece) {
+          cpu_fast_internal::SampleForWindow(args, row, begin, std::min(piece, vocab - begin), r);
+        }
+        const int64_t stride = vocab / kWindowSample;
+        for (int64_t k = 0; k < kWindowSample; ++k) {
+          const int64_t j = row * vocab + k * stride + stride / 2;
+          const float want = dtype == DType::kFp32 ? x[j] : Bf16BitsToFloat(bf16[j]);
+          ASSERT_EQ(r.window_sample[k], want)
+              << "V " << vocab << " dtype " << static_cast<int>(dtype) << " piece " << piece
+              << " k " << k;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
