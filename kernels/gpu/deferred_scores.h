@@ -6,12 +6,13 @@
 // rare path whenever any one of its lanes needs it, and with 32 lanes that is nearly every time:
 // in v28 the exact score ran in 69% of a wave's token slots on engine-like rows (ncu SASS
 // counts), ~160 instructions a kept token in MassDrawKernel. So a lane only offers the tokens
-// that pass a one-comparison test on u (UFloor: MayBeat at the largest z of the chunk, against
-// the wave's best score so far); the offers wait per wave in shared memory and are scored
-// kWaveSize at a time, one a lane: MayBeat, then the exact score. The floor is the wave's best
-// score so far (a drawn token's score, so a valid floor, and higher than a lane's own best).
-// The token is the same as scoring in place: every token that could win is scored exactly, and
-// the argmax (lowest index on ties) does not depend on the order of scoring.
+// that pass a one-comparison test on their Philox word (BitsFloor: MayBeat at the largest z of
+// the chunk, against the wave's best score so far, as a floor on the bits, UniformBitsFloor:
+// no uniform is made for a token that fails it, v37); the offers wait per wave in shared memory
+// and are scored kWaveSize at a time, one a lane: MayBeat, then the exact score. The floor is the
+// wave's best score so far (a drawn token's score, so a valid floor, and higher than a lane's own
+// best). The token is the same as scoring in place: every token that could win is scored exactly,
+// and the argmax (lowest index on ties) does not depend on the order of scoring.
 #ifndef SAMPLERD_KERNELS_GPU_DEFERRED_SCORES_H_
 #define SAMPLERD_KERNELS_GPU_DEFERRED_SCORES_H_
 
@@ -32,7 +33,7 @@ class DeferredScores {
   static constexpr int kSlots = (kOffersPerLane + 1) * kThreads;  // every wave's
 
   struct Storage {
-    float u[kSlots];
+    uint32_t bits[kSlots];  // the offer's Philox word (UniformFromBits makes its u)
     uint16_t at[kSlots];
   };
 
@@ -41,30 +42,31 @@ class DeferredScores {
   // the row reaches (or -inf). Both the same in every lane of the wave.
   __device__ DeferredScores(Storage& storage, const float* chunk, int64_t begin, float temperature,
                             float top_z, float floor)
-      : u_(storage.u + Wave() * kPerWave),
+      : bits_(storage.bits + Wave() * kPerWave),
         at_(storage.at + Wave() * kPerWave),
         chunk_(chunk),
         begin_(begin),
         temperature_(temperature),
         top_z_(top_z),
         floor_(floor),
-        u_floor_(MayBeatThreshold(top_z, floor)) {}
+        bits_floor_(UniformBitsFloor(MayBeatThreshold(top_z, floor))) {}
 
   // The floor MayBeat should test against now (the same in every lane of the wave).
   __device__ float Floor() const { return floor_; }
-  // A token whose u is below this cannot win, whatever its z (MayBeatThreshold at top_z): one
-  // comparison instead of MayBeat's two exps for most tokens once the floor has risen.
-  __device__ float UFloor() const { return u_floor_; }
+  // A token whose Philox word is below this cannot win, whatever its z (its u is below
+  // MayBeatThreshold at top_z): one integer comparison instead of MayBeat's two exps for most
+  // tokens once the floor has risen, and no uniform made for them.
+  __device__ uint32_t BitsFloor() const { return bits_floor_; }
 
   // Offers this lane's tokens: for each bit e of `mask` (e < kOffersPerLane), the token at chunk
-  // offset at[e] with its uniform u[e]. Every lane of the wave calls, together.
-  __device__ __forceinline__ void Collect(uint32_t mask, const int* at, const float* u) {
+  // offset at[e] with its Philox word bits[e]. Every lane of the wave calls, together.
+  __device__ __forceinline__ void Collect(uint32_t mask, const int* at, const uint32_t* bits) {
     int total;
     int slot = waiting_ + WaveExclusiveSum(__popc(mask), &total);
 #pragma unroll
     for (int e = 0; e < kOffersPerLane; ++e) {
       if (!AnyBitSet(mask, 1u << e)) continue;
-      u_[slot] = u[e];
+      bits_[slot] = bits[e];
       at_[slot] = static_cast<uint16_t>(at[e]);
       ++slot;
     }
@@ -95,7 +97,7 @@ class DeferredScores {
     const int lane = static_cast<int>(threadIdx.x) % kWaveSize;
     if (lane < n) {
       const int at = at_[waiting_ + lane];
-      const float u = u_[waiting_ + lane];
+      const float u = UniformFromBits(bits_[waiting_ + lane]);
       const float z = chunk_[at] / temperature_;  // x / 1 is x: the same bits as z_of
       if (MayBeat(z, u, floor_)) {
         const ArgMaxPair scored{z + GumbelFromUniform(u), begin_ + at};
@@ -103,18 +105,18 @@ class DeferredScores {
       }
     }
     floor_ = fmaxf(floor_, WaveMax(best_.value));
-    u_floor_ = MayBeatThreshold(top_z_, floor_);
+    bits_floor_ = UniformBitsFloor(MayBeatThreshold(top_z_, floor_));
     WaveSync();  // the slots are read before the next Collect writes them
   }
 
-  float* u_;
+  uint32_t* bits_;
   uint16_t* at_;
   const float* chunk_;
   int64_t begin_;
   float temperature_;
   float top_z_;
   float floor_;
-  float u_floor_;
+  uint32_t bits_floor_;
   int waiting_ = 0;  // the same in every lane of the wave
   ArgMaxPair best_{-kInfF, INT64_MAX};
 };

@@ -171,24 +171,24 @@ __device__ __noinline__ ArgMaxPair DrawDenseGroups(
     const int first = (g * kThreads + static_cast<int>(threadIdx.x)) * 4;
     uint32_t offers = 0;
     int at[4];
-    float u[4];
+    uint32_t bits[4];
     if ((kept_groups >> g) & 1u) {
       const float4 x4 = *reinterpret_cast<const float4*>(&chunk[first]);
       const float x[4] = {x4.x, x4.y, x4.z, x4.w};
       // first is a multiple of 4: the group is one Philox block.
-      const PhiloxCounter bits =
+      const PhiloxCounter block =
           Philox4x32x10(PhiloxCounterFor(params.position, begin + first), key);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         at[e] = first + e;
-        u[e] = UniformFromBits(bits.word[e]);
+        bits[e] = block.word[e];
         // The wave scores each offer with MayBeat first: testing it here would run its two exps
-        // in every wave where any lane passes UFloor, which is most of them.
-        if (u[e] >= scores.UFloor() && x[e] >= kept_from) offers |= 1u << e;
+        // in every wave where any lane passes BitsFloor, which is most of them.
+        if (bits[e] >= scores.BitsFloor() && x[e] >= kept_from) offers |= 1u << e;
       }
     }
-    scores.Collect(offers, at, u);
-    if (g == 0) scores.Flush();  // the floor rises early: most tokens then fail UFloor alone
+    scores.Collect(offers, at, bits);
+    if (g == 0) scores.Flush();  // the floor rises early: most tokens then fail BitsFloor alone
   }
   return scores.Finish();
 }
@@ -323,7 +323,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   // A wide row (more boundary tokens than the block has threads) of a small launch weighs its
   // boundary tokens here, by sub-bin, and scores those that might still win: the row's last
   // block then reads 256 sums and bests instead of drawing the whole list alone (v30).
-  const bool wide = ws.presum_boundary && plan.boundary_count > static_cast<uint32_t>(kThreads);
+  const bool wide = ws.Presums(row) && plan.boundary_count > static_cast<uint32_t>(kThreads);
   if (wide) {
     best = BlockReduce<kThreads>::ArgMax(reduce, best);  // also: the draw's shared memory is free
     sh.sub.template Clear<kThreads>();

@@ -80,9 +80,10 @@ __device__ int64_t DrawBoundary(const MassPlan& plan, int n, const float* chunk_
 // top (integer sums: the same in any order); the sub-bins above the one where the mass crosses
 // the target are kept whole, and that one's tokens are collected, sorted and cut as DrawBoundary
 // does. A crossing sub-bin of more than kSortCap tokens (1/2,048 logit wide: ties) is kept whole.
-// In a small launch pass 2 has summed the sub-bins and their bests (ws.presum_boundary, v30);
-// else this block weighs the list and draws the kept sub-bins' tokens itself. The same sums, the
-// same kept set and the same token either way.
+// On a row that presums (every row of a small launch, v30; the last rows of a large one, v37)
+// pass 2 has summed the sub-bins and their bests; on the others this block weighs the list and
+// draws the kept sub-bins' tokens itself. The same sums, the same kept set and the same token
+// either way.
 template <int kThreads>
 __device__ int64_t DrawWideBoundary(const MassWorkspace& ws, const MassPlan& plan, int64_t row,
                                     int n, const volatile uint32_t* list_key,
@@ -91,7 +92,7 @@ __device__ int64_t DrawWideBoundary(const MassWorkspace& ws, const MassPlan& pla
                                     ArgMaxPair best_above, SelectStorage& s,
                                     typename BlockReduce<kThreads>::Storage& reduce) {
   static_assert(kBoundarySubBins % kScanSegments == 0, "FindCrossingBin's segments");
-  const bool summed = ws.presum_boundary;
+  const bool summed = ws.Presums(row);
   const BoundarySubBins subs(plan);
   const double unit_mass = subs.UnitMass(plan);
   const volatile unsigned long long* sub_best = ws.sub_best + row * kBoundarySubBins;

@@ -45,8 +45,20 @@ inline constexpr int kBoundaryCap = 16384;
 // best Gumbel score (v30), so the row's last block reads 256 sums instead of the whole list.
 inline constexpr int kBoundarySubBins = 256;
 // Launches of at most this many MassDrawKernel blocks sum the sub-bins in pass 2 (v30 measured
-// the crossover between 608 and 1,024 blocks on the H200's 132 SMs, 4 blocks each).
+// the crossover between 608 and 1,024 blocks on the H200's 132 SMs, 4 blocks each). Larger
+// launches do so for the rows of their last kPresumMaxBlocks blocks (v37): those rows' last
+// blocks run at the end of the launch, where a last block weighing its row's list alone (~40 us
+// on a wide row) is the launch's tail, not work that overlaps other rows' blocks.
 inline constexpr int64_t kPresumMaxBlocks = 800;
+
+// The first row that sums its sub-bins in pass 2 (MassWorkspace::presum_from_row), in a launch
+// of `batch` rows of `chunks` pass-1 chunks: 0 when batch x chunks <= kPresumMaxBlocks, else the
+// first of the whole rows in the launch's last kPresumMaxBlocks blocks. Blocks run in launch
+// order, rows one after another.
+inline int64_t PresumRowsFrom(int64_t batch, int64_t chunks) {
+  const int64_t rows = kPresumMaxBlocks / (chunks > 0 ? chunks : 1);
+  return batch > rows ? batch - rows : 0;
+}
 
 enum class MassPath : uint32_t { kFallback = 0, kTwoPass = 1 };
 
@@ -84,13 +96,15 @@ struct MassWorkspace {
   uint32_t* boundary_fill;  // [batch] tokens appended to the boundary list; zeroed by the plan
   uint32_t* boundary_key;   // [batch, kBoundaryCap]
   int32_t* boundary_index;  // [batch, kBoundaryCap]
-  // Small launches only (presum_boundary): [batch, kBoundarySubBins], zeroed by the plan, filled
-  // by pass 2 on wide rows (more boundary tokens than a MassDrawKernel block has threads): tokens,
-  // fixed-point weight, and the best score among the tokens that might win (BoundaryBestKey).
-  // Large launches weigh and draw the list in the row's last block instead: the same sums and
-  // the same token (v30: pass 2's share cost up to 8% at B = 256, the last block's wait ~40 us
-  // at small B, where it is the row's critical path).
-  bool presum_boundary;
+  // Rows at or past presum_from_row (every row of a small launch, the last rows of a large one;
+  // PresumRowsFrom): [batch, kBoundarySubBins], zeroed by the plan, filled by pass 2 on wide
+  // rows (more boundary tokens than a MassDrawKernel block has threads): tokens, fixed-point
+  // weight, and the best score among the tokens that might win (BoundaryBestKey). The other rows
+  // weigh and draw the list in the row's last block instead: the same sums and the same token
+  // (v30: pass 2's share cost up to 8% at B = 256, the last block's wait ~40 us at small B,
+  // where it is the row's critical path).
+  int64_t presum_from_row;
+  __host__ __device__ bool Presums(int64_t row) const { return row >= presum_from_row; }
   uint32_t* sub_count;
   unsigned long long* sub_weight;
   unsigned long long* sub_best;
@@ -229,7 +243,7 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
     ws.pass2_ticket[row] = 0;
     ws.boundary_fill[row] = 0;
   }
-  for (int b = threadIdx.x; b < kBoundarySubBins && ws.presum_boundary; b += kThreads) {
+  for (int b = threadIdx.x; b < kBoundarySubBins && ws.Presums(row); b += kThreads) {
     ws.sub_count[row * kBoundarySubBins + b] = 0;
     ws.sub_weight[row * kBoundarySubBins + b] = 0;
     ws.sub_best[row * kBoundarySubBins + b] = 0;

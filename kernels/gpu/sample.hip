@@ -555,7 +555,7 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
   mass.sub_count = reinterpret_cast<uint32_t*>(ws + layout.sub_count);
   mass.sub_weight = reinterpret_cast<unsigned long long*>(ws + layout.sub_weight);
   mass.sub_best = reinterpret_cast<unsigned long long*>(ws + layout.sub_best);
-  mass.presum_boundary = static_cast<int64_t>(args.batch) * chunks <= kPresumMaxBlocks;
+  mass.presum_from_row = PresumRowsFrom(args.batch, chunks);
 
   RowProcessors procs{};
   procs.allowed = args.allowed_bitmask;

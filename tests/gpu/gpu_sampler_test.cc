@@ -425,14 +425,24 @@ TEST_F(GpuSamplerTest, WideBoundaryBinsMatchTheCpuOnEveryRunAndInAnyBatch) {
         alone.bytes.assign(b.bytes.begin() + 4 * row_bytes, b.bytes.begin() + 5 * row_bytes);
         alone.params = {b.params[4]};
         EXPECT_EQ(RunGpu(alone).tokens[0], gpu.tokens[4]) << "row 4 alone";
-        // A launch of more than kPresumMaxBlocks blocks weighs the sub-bins in the rows' last
-        // blocks instead of in pass 2: the same tokens.
+        // A launch of more than kPresumMaxBlocks blocks weighs the sub-bins in its first rows'
+        // last blocks instead of in pass 2, and in pass 2 for the rows of its last
+        // kPresumMaxBlocks blocks (PresumRowsFrom): the same tokens at either end.
         Batch big = peaked(48);
+        const int64_t tail = big.batch - b.batch;  // b's rows again at the end
+        // kernels/gpu/mass_plan.h: chunks of 8,192 tokens, kPresumMaxBlocks = 800.
+        const int64_t presum_from = big.batch - 800 / ((vocab + 8191) / 8192);
+        ASSERT_LE(b.batch, presum_from);
+        ASSERT_GE(tail, presum_from);
         std::copy(b.bytes.begin(), b.bytes.end(), big.bytes.begin());
+        std::copy(b.bytes.begin(), b.bytes.end(), big.bytes.begin() + tail * row_bytes);
         std::copy(b.params.begin(), b.params.end(), big.params.begin());
+        std::copy(b.params.begin(), b.params.end(), big.params.begin() + tail);
         const Outputs in_big = RunGpu(big);
         for (int64_t r = 0; r < b.batch; ++r) {
           EXPECT_EQ(in_big.tokens[r], gpu.tokens[r]) << "row " << r << " in a batch of 48";
+          EXPECT_EQ(in_big.tokens[tail + r], gpu.tokens[r])
+              << "row " << r << " as row " << tail + r << " of a batch of 48";
         }
       }
     }
