@@ -91,12 +91,6 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
     }
   }
-  // The row's parameters are read after the chunk's loads are issued, so that their latency
-  // overlaps (ncu v5: blocks stalled on this load before their first logits load), and before
-  // the processors' bits: behind them, they waited for the bitmask's words to arrive, a second
-  // memory round trip in every masked block (ncu, v37: 13% of the masked top-k pass's stall
-  // samples on the first use of the words, then the parameters' own wait).
-  const RowParams params = p.rows.Params(row);
   // The logits processors, once every load is in flight (row_processors.h). Their bits stay
   // in two registers for the passes below, which re-read the chunk group by group. x[] gets
   // the bias and penalties here; the mask is never applied to it: the loops over x[] test
@@ -132,6 +126,9 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, v);
     }
   };
+  // The row's parameters are read after the chunk's loads are issued, so that their latency
+  // overlaps (ncu v5: blocks stalled on this load before their first logits load).
+  const RowParams params = p.rows.Params(row);
   const bool greedy = IsGreedy(params);
   const bool mass = IsMassRow(params, p.rows.vocab, p.mass.enabled);
   if (mass) ClearMassHistogram<kChunkThreads>(mass_sh);      // the reductions below wait for it

@@ -46,18 +46,24 @@ inline constexpr int kBoundaryCap = 16384;
 inline constexpr int kBoundarySubBins = 256;
 // Launches of at most this many MassDrawKernel blocks sum the sub-bins in pass 2 (v30 measured
 // the crossover between 608 and 1,024 blocks on the H200's 132 SMs, 4 blocks each). Larger
-// launches do so for the rows of their last kPresumMaxBlocks blocks (v37): those rows' last
-// blocks run at the end of the launch, where a last block weighing its row's list alone (~40 us
-// on a wide row) is the launch's tail, not work that overlaps other rows' blocks.
+// launches of rows of at least kPresumTailMinChunks chunks do so for the rows of their last
+// kPresumMaxBlocks blocks (v37): those rows' last blocks run at the end of the launch, where a
+// last block weighing its row's list alone (~40 us on a wide row of V = 151,936) is the
+// launch's tail, not work that overlaps other rows' blocks. Shorter rows have ~5x shorter lists,
+// whose weighing in the last block costs less than pass 2's share (V = 32,000 at B = 256, every
+// row past the 56th presumming: 1.06x on engine-like and peaked rows, H100).
 inline constexpr int64_t kPresumMaxBlocks = 800;
+inline constexpr int64_t kPresumTailMinChunks = 8;
 
 // The first row that sums its sub-bins in pass 2 (MassWorkspace::presum_from_row), in a launch
-// of `batch` rows of `chunks` pass-1 chunks: 0 when batch x chunks <= kPresumMaxBlocks, else the
-// first of the whole rows in the launch's last kPresumMaxBlocks blocks. Blocks run in launch
-// order, rows one after another.
+// of `batch` rows of `chunks` pass-1 chunks: 0 (every row) when batch x chunks <=
+// kPresumMaxBlocks; else, for rows of at least kPresumTailMinChunks chunks, the first of the
+// whole rows in the launch's last kPresumMaxBlocks blocks (blocks run in launch order, rows one
+// after another); else batch (none).
 inline int64_t PresumRowsFrom(int64_t batch, int64_t chunks) {
   const int64_t rows = kPresumMaxBlocks / (chunks > 0 ? chunks : 1);
-  return batch > rows ? batch - rows : 0;
+  if (batch <= rows) return 0;
+  return chunks >= kPresumTailMinChunks ? batch - rows : batch;
 }
 
 enum class MassPath : uint32_t { kFallback = 0, kTwoPass = 1 };
