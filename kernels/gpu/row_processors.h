@@ -91,7 +91,7 @@ struct RowProcessors {
   __device__ __forceinline__ GroupWords<kGroups> LoadWords(int64_t row, int64_t j0, Off off,
                                                            int64_t end) const {
     static_assert(kGroups <= 8, "4 bits a group in 32");
-    GroupWords<kGroups> w;
+    GroupWords<kGroups> w{};  // zeros where a word is not loaded: BitsOf never reads them
     const int64_t row_word = row * words;
     if (j0 + off(kGroups - 1) < end) {
       // Each kind of bits under a uniform branch of its own: a launch with a mask alone ran the
