@@ -161,7 +161,6 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
   // Group i: tokens [i * 4, i * 4 + 4) of x.
   constexpr int kGroups = kVecs * kTokens / 4;
   auto group_at = [&](int i) { return vec_index(i / (kTokens / 4)) + (i % (kTokens / 4)) * 4; };
-  bool marked = false;  // this thread holds a token with a bias or penalty
   RowProcessors::GroupBits bits{~0u, 0u};
   if constexpr (kProcs) {
     // The words are loaded before anything waits for x[]: behind the loop below, their loads
@@ -172,29 +171,33 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
           return (i / (kTokens / 4)) * kGreedyThreads * kTokens + (i % (kTokens / 4)) * 4;
         },
         end);
-    marked = bits.mark != 0;
   }
-  if (!marked) {
+  // Tokens with a bias or penalty (bits.mark) are left out of the unrolled loop, which still
+  // flags their NaNs (the adjusts keep a NaN a NaN and make no other value NaN), and are then
+  // taken one at a time (v40). v12-v39 sent a thread holding any of them through a second,
+  // rolled loop over all its groups that applied every processor: with 2,000 entries a row
+  // nearly every wave had such a thread, so the whole wave ran that loop with 1-6 lanes busy
+  // (ncu, session 31: 34.2 M instructions against 12.0 M without processors, B = 128).
+  const RowProcessors::GroupBits unmarked{bits.allow & ~bits.mark, 0u};
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
+  for (int v = 0; v < kVecs; ++v) {
 #pragma unroll
-      for (int e = 0; e < kTokens; ++e) {
-        const int i = v * kTokens + e;  // bit i of bits.allow (group i / 4, token i % 4)
-        consider(x[i], vec_index(v) + e, !kProcs || RowProcessors::Allowed(bits, i));
-      }
+    for (int e = 0; e < kTokens; ++e) {
+      const int i = v * kTokens + e;  // bit i of bits.allow (group i / 4, token i % 4)
+      consider(x[i], vec_index(v) + e, !kProcs || RowProcessors::Allowed(unmarked, i));
     }
-  } else {
-    // A thread with an adjusted token re-reads its groups (from L1) and applies everything in a
-    // loop that is not unrolled: inlined into the unrolled path above, the adjusts' code held
-    // x[] and its own registers at once, 61 registers instead of 32 (half the blocks an SM).
-#pragma unroll 1
-    for (int i = 0; i < kGroups; ++i) {
-      float v[4];
-      const int64_t j = group_at(i);
-      LoadGroup<kDType>(row_ptr, j, end, v);
-      p.rows.procs.ApplyBits(row, j, bits, i, v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) consider(v[e], j + e, true);
+  }
+  if constexpr (kProcs) {
+    // The marked tokens, out of index order: ties go to the lower index explicitly. Apply gives
+    // the processed logit (the adjust, then the mask as -inf).
+    for (uint32_t m = bits.mark; m != 0u; m &= m - 1u) {
+      const int i = __ffs(static_cast<int>(m)) - 1;
+      const int64_t j = group_at(i / 4) + i % 4;
+      const float value = p.rows.procs.Apply(row, j, LoadLogit<kDType>(row_ptr, j));
+      if (value > -kInfF && (value > best || (value == best && j < best_j))) {
+        best = value;
+        best_j = j;
+      }
     }
   }
   if (best > -kInfF) flags |= kSpanFinite;
