@@ -130,6 +130,59 @@ TEST_F(GpuGreedyTest, TheBitmaskAndBiasesApplyAsOnTheCpu) {
   }
 }
 
+// v40: the greedy pass leaves tokens with a bias or penalty out of its unrolled loop and takes
+// them one at a time afterwards, with the lowest-index tie-break written out. Rows where a
+// marked token ties an unmarked neighbour on either side, two marked tokens of one group tie, a
+// marked NaN, a marked token biased to +inf or to -inf, and marked ties across a span edge.
+TEST_F(GpuGreedyTest, MarkedTokensTieAndFlagAsOnTheCpu) {
+  constexpr int64_t kVocab = 20000;
+  const float nan = std::nanf("");
+  for (DType dtype : kDTypes) {
+    Batch b = Shaped(dtype, 9, kVocab, kVocab);
+    for (int64_t r = 0; r < b.batch; ++r) {
+      for (int64_t j = 0; j < kVocab; ++j) Set(b, r, j, r == 4 || r == 5 ? -kInf : -1.0f);
+    }
+    std::vector<std::vector<TokenAdjust>> rows(b.batch);
+    auto bias = [&](int64_t r, int32_t token, float raw, float add) {
+      Set(b, r, token, raw);
+      TokenAdjust a;
+      a.token = token;
+      a.bias = add;
+      rows[r].push_back(a);
+    };
+    // Rows 0 and 1: the tied tokens are neighbours, so one thread holds both (a thread's tokens
+    // are consecutive groups of 4 or 8): the explicit tie-break decides, not the reductions.
+    Set(b, 0, 101, 3.0f);
+    bias(0, 100, 2.0f, 1.0f);  // marked 100 ties unmarked 101 at 3: 100
+    Set(b, 1, 100, 3.0f);
+    bias(1, 101, 2.0f, 1.0f);  // unmarked 100 ties marked 101: 100
+    bias(2, 8, 0.0f, 5.0f);    // two marked tokens of one group tie at 5: 8
+    bias(2, 9, 0.0f, 5.0f);
+    Set(b, 2, 10, 4.0f);
+    bias(3, 70, nan, 1.0f);  // a marked NaN: status NaN
+    Set(b, 4, 3, kInf);
+    bias(4, 7, -kInf, kInf);    // a marked +inf after an unmarked one: 3
+    bias(5, 11, 2.0f, -kInf);   // the only finite token biased away
+    bias(6, 1023, 1.0f, 2.0f);  // marked ties across the first fp32 span edge: 1023
+    bias(6, 1024, 1.0f, 2.0f);
+    Set(b, 6, 5000, 2.5f);
+    bias(7, 30, -0.5f, 0.0f);  // a repetition penalty on a negative logit: 30 at -0.25
+    rows[7].back().repetition = 0.5f;
+    Set(b, 8, 4096, 2.0f);  // row 8 has no adjusts: its marks are all clear
+    b.adjust_offsets.assign(b.batch + 1, 0);
+    for (int64_t r = 0; r < b.batch; ++r) {
+      b.adjusts.insert(b.adjusts.end(), rows[r].begin(), rows[r].end());
+      b.adjust_offsets[r + 1] = static_cast<uint32_t>(b.adjusts.size());
+    }
+    ExpectAllAgree(b, std::string("dtype ") + DTypeName(dtype));
+    const Outputs one = RunGpu(b);
+    const int32_t want[] = {100, 100, 8, -1, 3, -1, 1023, 30, 4096};
+    for (int64_t r = 0; r < b.batch; ++r) {
+      EXPECT_EQ(one.tokens[r], want[r]) << DTypeName(dtype) << ", row " << r;
+    }
+  }
+}
+
 TEST_F(GpuGreedyTest, ShortAndLongSpansMatchTheCpuOnRandomRows) {
   struct Shape {
     int64_t batch, vocab, stride;
