@@ -131,12 +131,17 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       p.rows.procs.ApplyBits<kMarks>(row, ItemIndex(begin, g * 4), proc_bits, g, v);
     }
   };
-  // The same with the bias and penalties only: for loops that test group_allow(g).
-  auto load_adjusted = [&](int g, float* v) {
-    load_raw(g, v);
-    if constexpr (kMarks) {
-      p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, v);
-    }
+  // Loops over groups that test group_allow(g) read the raw logits of the tokens without a bias
+  // or penalty (group_allow(g) & ~group_mark(g)) and take the marked ones one at a time after
+  // (marked_item, v41). Until v40 they re-applied each group's adjusts (ApplyAdjusts), whose
+  // entries' loads ran in nearly every wave with a few lanes busy when a row has thousands of
+  // entries (the greedy pass's v40 measured that pattern at 57% of its instructions).
+  auto group_mark = [&](int g) { return kMarks ? proc_bits.mark >> (4 * g) : 0u; };
+  // Marked item i of this thread (bit i of proc_bits.mark), processed: the bias and penalties,
+  // then the mask as -inf (or a NaN kept).
+  [[maybe_unused]] auto marked_item = [&](int i, int64_t* j) {
+    *j = ItemIndex(begin, (i >> 2) * 4) + (i & 3);
+    return p.rows.procs.Apply(row, *j, LoadLogit<kDType>(row_ptr, *j));
   };
   // The row's parameters are read after the chunk's loads are issued, so that their latency
   // overlaps (ncu v5: blocks stalled on this load before their first logits load).
@@ -252,12 +257,19 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
 #pragma unroll 1
       for (int g = 0; g < kItemsPerThread / 4; ++g) {
         float v[4];
-        load_adjusted(g, v);
-        const uint32_t allow = group_allow(g);
+        load_raw(g, v);
+        const uint32_t allow = group_allow(g) & ~group_mark(g);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float z = temper(v[e]);
           if (allowed_in(allow, e) && z > -kInfF) f(z);
+        }
+      }
+      if constexpr (kMarks) {  // the marked tokens (v41); f's sums and minimum are order-free
+        for (uint32_t m = proc_bits.mark; m != 0u; m &= m - 1u) {
+          int64_t j;
+          const float z = temper(marked_item(__ffs(static_cast<int>(m)) - 1, &j));
+          if (z > -kInfF) f(z);
         }
       }
     };
@@ -359,33 +371,49 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     const float from = candidate_from;  // x >= from <=> z >= the threshold: no divide a token
     uint32_t candidates_here = 0;       // this thread's
     uint32_t groups = 0;                // bit g: group g holds a candidate
+    // The marked tokens are left out of both loops and taken one at a time after each (v41).
 #pragma unroll 1
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
-      load_adjusted(g, v);
-      const uint32_t allow = group_allow(g);
+      load_raw(g, v);
+      const uint32_t allow = group_allow(g) & ~group_mark(g);
       uint32_t here = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) here += allowed_in(allow, e) && v[e] >= from;
       candidates_here += here;
       if (here > 0) groups |= 1u << g;
     }
+    if constexpr (kMarks) {
+      for (uint32_t m = proc_bits.mark; m != 0u; m &= m - 1u) {
+        int64_t j;
+        candidates_here += marked_item(__ffs(static_cast<int>(m)) - 1, &j) >= from;
+      }
+    }
     uint32_t slot = candidates_here > 0 ? atomicAdd(&candidate_count, candidates_here) : 0;
+    auto append = [&](float v, int64_t j) {
+      if (slot < static_cast<uint32_t>(kCandidateCap)) {
+        p.candidate_key[slot_base + slot] = OrderedKey(temper(v));
+        p.candidate_index[slot_base + slot] = static_cast<int32_t>(j);
+      }
+      ++slot;
+    };
 #pragma unroll 1
     for (; groups != 0; groups &= groups - 1) {
       const int g = __ffs(groups) - 1;
       const int64_t group = ItemIndex(begin, g * 4);
       float v[4];
-      load_adjusted(g, v);
-      const uint32_t allow = group_allow(g);
+      load_raw(g, v);
+      const uint32_t allow = group_allow(g) & ~group_mark(g);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (!(allowed_in(allow, e) && v[e] >= from)) continue;
-        if (slot < static_cast<uint32_t>(kCandidateCap)) {
-          p.candidate_key[slot_base + slot] = OrderedKey(temper(v[e]));
-          p.candidate_index[slot_base + slot] = static_cast<int32_t>(group + e);
-        }
-        ++slot;
+        if (allowed_in(allow, e) && v[e] >= from) append(v[e], group + e);
+      }
+    }
+    if constexpr (kMarks) {
+      for (uint32_t m = proc_bits.mark; m != 0u; m &= m - 1u) {
+        int64_t j;
+        const float v = marked_item(__ffs(static_cast<int>(m)) - 1, &j);
+        if (v >= from) append(v, j);
       }
     }
     __syncthreads();
