@@ -100,10 +100,10 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
     }
   }
-  // The logits processors, once every load is in flight (row_processors.h). Their bits stay
-  // in two registers for the passes below, which re-read the chunk group by group. x[] gets
-  // the bias and penalties here; the mask is never applied to it: the loops over x[] test
-  // `allowed(i)` as a predicate (v20, v24).
+  // The logits processors' bits, once every load is in flight (row_processors.h). They stay
+  // in two registers for the passes below, which re-read the chunk group by group. x[] stays
+  // raw: the mask is a predicate in the loops over it (v20, v24), and the tokens with a bias or
+  // penalty (marked) are left out of those loops and taken one at a time (v42).
   RowProcessors::GroupBits proc_bits{~0u, 0u};
   if constexpr (kKind == ProcsKind::kMask) {
     proc_bits = p.rows.procs.BitsOf<kItemsPerThread / 4, false>(mask_words, ItemIndex(begin, 0),
@@ -111,18 +111,17 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   } else if constexpr (kProcs) {
     proc_bits = p.rows.procs.LoadBits<kItemsPerThread / 4, kMarks>(row, ItemIndex(begin, 0),
                                                                    group_off, end);
-    if constexpr (kMarks) {
-#pragma unroll
-      for (int g = 0; g < kItemsPerThread / 4; ++g) {
-        p.rows.procs.ApplyAdjusts(row, ItemIndex(begin, g * 4), proc_bits, g, &x[g * 4]);
-      }
-    }
   }
-  auto allowed = [&](int i) { return !kProcs || RowProcessors::Allowed(proc_bits, i); };
-  // Group g's 4 allow bits (bit e: token e of the group), for the loops over groups that are
+  // Bit i: item i is allowed and has no bias or penalty, so its processed logit is its raw one.
+  // Until v42 pass 1 applied the adjusts to x[] group by group (`ApplyAdjusts`, unrolled): with
+  // 2,000 entries a row each group's branch ran in ~80% of the waves with ~2 lanes busy, 9.9 M
+  // of the top-k pass's 45.7 M instructions at B = 128 (per-line ncu, session 32).
+  const uint32_t plain_items = kMarks ? proc_bits.allow & ~proc_bits.mark : proc_bits.allow;
+  auto allowed = [&](int i) { return !kProcs || AnyBitSet(plain_items, 1u << i); };
+  // Group g's 4 plain bits (bit e: token e of the group), for the loops over groups that are
   // not unrolled: one shift a group, where allowed(g * 4 + e) took ~3 instructions a token
   // (a variable shift; SASS, v25).
-  auto group_allow = [&](int g) { return kProcs ? proc_bits.allow >> (4 * g) : 0xfu; };
+  auto group_allow = [&](int g) { return kProcs ? plain_items >> (4 * g) : 0xfu; };
   auto allowed_in = [](uint32_t allow, int e) { return AnyBitSet(allow, 1u << e); };
   // Group g of this thread again (from L1), processed.
   auto load_group = [&](int g, float* v) {
@@ -132,16 +131,22 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     }
   };
   // Loops over groups that test group_allow(g) read the raw logits of the tokens without a bias
-  // or penalty (group_allow(g) & ~group_mark(g)) and take the marked ones one at a time after
-  // (marked_item, v41). Until v40 they re-applied each group's adjusts (ApplyAdjusts), whose
-  // entries' loads ran in nearly every wave with a few lanes busy when a row has thousands of
-  // entries (the greedy pass's v40 measured that pattern at 57% of its instructions).
-  auto group_mark = [&](int g) { return kMarks ? proc_bits.mark >> (4 * g) : 0u; };
-  // Marked item i of this thread (bit i of proc_bits.mark), processed: the bias and penalties,
-  // then the mask as -inf (or a NaN kept).
-  [[maybe_unused]] auto marked_item = [&](int i, int64_t* j) {
-    *j = ItemIndex(begin, (i >> 2) * 4) + (i & 3);
-    return p.rows.procs.Apply(row, *j, LoadLogit<kDType>(row_ptr, *j));
+  // or penalty and take the marked ones one at a time after (for_marked, v41). Until v40 they
+  // re-applied each group's adjusts (ApplyAdjusts), whose entries' loads ran in nearly every
+  // wave with a few lanes busy when a row has thousands of entries (the greedy pass's v40
+  // measured that pattern at 57% of its instructions).
+  //
+  // f(i, j, v) for each marked item i of this thread (bit i of proc_bits.mark; token j), v its
+  // processed logit: the bias and penalties, then the mask as -inf (or a NaN kept). Items in
+  // index order.
+  [[maybe_unused]] auto for_marked = [&](auto&& f) {
+    if constexpr (kMarks) {
+      for (uint32_t m = proc_bits.mark; m != 0u; m &= m - 1u) {
+        const int i = __ffs(static_cast<int>(m)) - 1;
+        const int64_t j = ItemIndex(begin, (i >> 2) * 4) + (i & 3);
+        f(i, j, p.rows.procs.Apply(row, j, LoadLogit<kDType>(row_ptr, j)));
+      }
+    }
   };
   // The row's parameters are read after the chunk's loads are issued, so that their latency
   // overlaps (ncu v5: blocks stalled on this load before their first logits load).
@@ -169,7 +174,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
   float max_z = -kInfF;
   static_assert(kItemsPerThread == 32, "one bit an item in the allow word");
-  const uint32_t allow_items = kProcs ? proc_bits.allow : ~0u;  // bit i: item i allowed
+  const uint32_t allow_items = kProcs ? plain_items : ~0u;  // bit i: allowed(i)
   // The rare paths below test a token's value into bit i of a word and count it under the
   // allow bits once (a popcount), instead of testing allowed(i) per token: sharing those tests
   // with the loop that every thread runs, the compiler kept 32 predicates as bits of a register
@@ -182,12 +187,14 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       inf_z |= static_cast<uint32_t>(temper(x[i]) == kInfF) << i;
     }
     pinf_z = __popc(inf_z & allow_items);
+    for_marked([&](int, int64_t, float v) { pinf_z += temper(v) == kInfF; });
   };
   // The statistics of x, for every row: the argmax and one
   // predicate a token for "NaN or +-inf"; the counts from a second look at the registers only
   // in the threads that saw one (v13: ~11 -> ~5 instructions a token). The mask is a predicate
-  // here (x[] holds the adjusted logits): an allowed finite token is finite after it, so a
-  // thread with no special value counts its allowed bits.
+  // here: an allowed finite token is finite after it, so a thread with no special value counts
+  // its allowed bits. The marked tokens are counted by the walk after, except their NaNs: an
+  // adjust keeps a NaN a NaN and makes no other value NaN, so NaNs are counted on x[].
   auto classify_x = [&]() {
     bool special = false;
 #pragma unroll
@@ -224,6 +231,17 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       if (allowed(i) && x[i] > -kInfF) low_x = fminf(low_x, x[i]);
     }
   }
+  // The marked tokens, processed, one at a time (v42); out of index order, so a tie with the
+  // best so far keeps the lower item.
+  for_marked([&](int i, int64_t, float v) {
+    pinf_x += v == kInfF;
+    finite_x += v > -kInfF;
+    if (v > best_x || (v == best_x && v > -kInfF && i < best_i)) {
+      best_x = v;
+      best_i = i;
+    }
+    if (v > -kInfF) low_x = fminf(low_x, v);
+  });
   if (unit_temperature) {  // z = x (v13)
     pinf_z = pinf_x;
     max_z = best_x;
@@ -258,20 +276,18 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       for (int g = 0; g < kItemsPerThread / 4; ++g) {
         float v[4];
         load_raw(g, v);
-        const uint32_t allow = group_allow(g) & ~group_mark(g);
+        const uint32_t allow = group_allow(g);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float z = temper(v[e]);
           if (allowed_in(allow, e) && z > -kInfF) f(z);
         }
       }
-      if constexpr (kMarks) {  // the marked tokens (v41); f's sums and minimum are order-free
-        for (uint32_t m = proc_bits.mark; m != 0u; m &= m - 1u) {
-          int64_t j;
-          const float z = temper(marked_item(__ffs(static_cast<int>(m)) - 1, &j));
-          if (z > -kInfF) f(z);
-        }
-      }
+      // The marked tokens (v41); f's sums and minimum are order-free.
+      for_marked([&](int, int64_t, float v) {
+        const float z = temper(v);
+        if (z > -kInfF) f(z);
+      });
     };
     if (low_z > -kInfF && floorf(low_z * kMassBinsPerLogit) == top) {
       // Every token in the top bin (flat rows): summed over the block, no atomics (v29).
@@ -376,19 +392,14 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     for (int g = 0; g < kItemsPerThread / 4; ++g) {
       float v[4];
       load_raw(g, v);
-      const uint32_t allow = group_allow(g) & ~group_mark(g);
+      const uint32_t allow = group_allow(g);
       uint32_t here = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) here += allowed_in(allow, e) && v[e] >= from;
       candidates_here += here;
       if (here > 0) groups |= 1u << g;
     }
-    if constexpr (kMarks) {
-      for (uint32_t m = proc_bits.mark; m != 0u; m &= m - 1u) {
-        int64_t j;
-        candidates_here += marked_item(__ffs(static_cast<int>(m)) - 1, &j) >= from;
-      }
-    }
+    for_marked([&](int, int64_t, float v) { candidates_here += v >= from; });
     uint32_t slot = candidates_here > 0 ? atomicAdd(&candidate_count, candidates_here) : 0;
     auto append = [&](float v, int64_t j) {
       if (slot < static_cast<uint32_t>(kCandidateCap)) {
@@ -403,19 +414,15 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       const int64_t group = ItemIndex(begin, g * 4);
       float v[4];
       load_raw(g, v);
-      const uint32_t allow = group_allow(g) & ~group_mark(g);
+      const uint32_t allow = group_allow(g);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (allowed_in(allow, e) && v[e] >= from) append(v[e], group + e);
       }
     }
-    if constexpr (kMarks) {
-      for (uint32_t m = proc_bits.mark; m != 0u; m &= m - 1u) {
-        int64_t j;
-        const float v = marked_item(__ffs(static_cast<int>(m)) - 1, &j);
-        if (v >= from) append(v, j);
-      }
-    }
+    for_marked([&](int, int64_t j, float v) {
+      if (v >= from) append(v, j);
+    });
     __syncthreads();
     total = candidate_count;
     overflow = total > static_cast<uint32_t>(kCandidateCap);

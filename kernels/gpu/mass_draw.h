@@ -230,14 +230,17 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
 #pragma unroll
     for (int g = 0; g < kGroups; ++g)
       LoadGroup<kDType>(row_ptr, begin + local_at(g), end, &v[g * 4]);
-    if constexpr (kKind != ProcsKind::kNone) {  // the processors, once every load is in flight
+    // The processors, once every load is in flight: the mask here, group by group; the tokens
+    // with a bias or penalty (bit 4g + e of `mark`) one at a time below (v42: applied group by
+    // group, each group's branch ran in most waves with a lane or two busy).
+    uint32_t mark = 0;
+    if constexpr (kKind != ProcsKind::kNone) {
       constexpr bool kMarks = kKind == ProcsKind::kAll;
       const RowProcessors::GroupBits bits = procs.LoadBits<kGroups, kMarks>(
           row, begin + local_at(0), [](int g) { return g * kThreads * 4; }, end);
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        procs.ApplyBits<kMarks>(row, begin + local_at(g), bits, g, &v[g * 4]);
-      }
+      for (int g = 0; g < kGroups; ++g) procs.ApplyAllowed(bits, g, &v[g * 4]);
+      mark = bits.mark;
     }
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
@@ -248,13 +251,27 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float x = v[g * 4 + e];
-        kept += x >= kept_from;
-        boundary += x >= boundary_from && x < kept_from;
+        const bool plain = !AnyBitSet(mark, 1u << (4 * g + e));  // true without marks
+        kept += plain && x >= kept_from;
+        boundary += plain && x >= boundary_from && x < kept_from;
       }
       kept_tokens += kept;
       boundary_tokens += boundary;
       if (kept > 0) kept_groups |= 1u << g;
       if (boundary > 0) boundary_groups |= 1u << g;
+    }
+    for (uint32_t m = mark; m != 0u; m &= m - 1u) {  // the marked tokens, processed (v42)
+      const int i = __ffs(static_cast<int>(m)) - 1;
+      const int local = local_at(i >> 2) + (i & 3);
+      const int64_t j = begin + local;
+      const float x = procs.Apply(row, j, LoadLogit<kDType>(row_ptr, j));
+      sh.chunk[local] = x;
+      const bool kept = x >= kept_from;
+      const bool boundary = x >= boundary_from && x < kept_from;
+      kept_tokens += kept;
+      boundary_tokens += boundary;
+      if (kept) kept_groups |= 1u << (i >> 2);
+      if (boundary) boundary_groups |= 1u << (i >> 2);
     }
   }
   if (threadIdx.x == 0) sh.fill = 0;
