@@ -54,7 +54,12 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   __shared__ MassShared mass_sh;
 
   const int64_t row = blockIdx.y;
-  if (p.rows.Skipped(row)) return;  // device sessions: a row past the step's batch
+  if (p.rows.Skipped(row)) {  // device sessions: a row past the step's batch
+    // A launch with marks runs dependent on MarkAdjustsKernel (v43): every block waits for it,
+    // so that this kernel never ends before it (RowFinishKernel's note).
+    if constexpr (kMarks) GridWaitPrerequisites();
+    return;
+  }
   const int chunk = blockIdx.x;
   const void* row_ptr = p.rows.Row<kDType>(row);
   const int64_t begin = static_cast<int64_t>(chunk) * kChunk;
@@ -109,6 +114,9 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
     proc_bits = p.rows.procs.BitsOf<kItemsPerThread / 4, false>(mask_words, ItemIndex(begin, 0),
                                                                 group_off, end);
   } else if constexpr (kProcs) {
+    // The marks are MarkAdjustsKernel's: the launch waits for it here, with its logits' loads in
+    // flight (v43; at B = 1 that kernel took ~4.6 us of a ~35 us top-k launch before).
+    GridWaitPrerequisites();
     proc_bits = p.rows.procs.LoadBits<kItemsPerThread / 4, kMarks>(row, ItemIndex(begin, 0),
                                                                    group_off, end);
   }

@@ -119,7 +119,12 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
   __shared__ uint32_t ticket;
 
   const int64_t row = blockIdx.y;
-  if (p.rows.Skipped(row)) return;
+  if (p.rows.Skipped(row)) {
+    // A launch with marks runs dependent on MarkAdjustsKernel (v43): every block waits for it,
+    // so that this kernel never ends before it (RowFinishKernel's note in sample.hip).
+    if constexpr (kProcs) GridWaitPrerequisites();
+    return;
+  }
   const int spans = p.rows.chunks;
   const void* row_ptr = p.rows.Row<kDType>(row);
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * kGreedySpan<kDType, kVecs>;
@@ -164,7 +169,10 @@ __global__ void __launch_bounds__(kGreedyThreads) GreedyKernel(GreedyParams p) {
   RowProcessors::GroupBits bits{~0u, 0u};
   if constexpr (kProcs) {
     // The words are loaded before anything waits for x[]: behind the loop below, their loads
-    // would only start once the logits had arrived, a second memory round trip.
+    // would only start once the logits had arrived, a second memory round trip. A launch with
+    // marks waits here for MarkAdjustsKernel, with its logits' loads in flight (v43; a no-op
+    // in a launch that is not dependent).
+    GridWaitPrerequisites();
     bits = p.rows.procs.LoadBits<kGroups>(
         row, vec_index(0),
         [](int i) {

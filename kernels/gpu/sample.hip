@@ -303,6 +303,9 @@ constexpr int kMarkThreads = 256;
 constexpr int kMarkBatch = 8;
 
 __global__ void __launch_bounds__(kMarkThreads) MarkAdjustsKernel(RowProcessors p) {
+  // The pass after it is launched dependent (LaunchDependent): it issues its logits' loads while
+  // the marks are set, and waits for this kernel before it reads them (v43).
+  GridLaunchDependents();
   const int64_t row = blockIdx.x;
   uint32_t* marked = p.marked + row * p.words;
   uint32_t* first = p.first + row * p.words;
@@ -393,19 +396,6 @@ struct WorkspaceLayout {
   }
 };
 
-template <DType kDType, int kVecs>
-int LaunchGreedySpans(const SampleArgs& args, GreedyParams p, hipStream_t stream) {
-  p.rows.chunks =
-      static_cast<int>((args.vocab + kGreedySpan<kDType, kVecs> - 1) / kGreedySpan<kDType, kVecs>);
-  const dim3 grid(static_cast<unsigned>(p.rows.chunks), static_cast<unsigned>(args.batch));
-  if (p.rows.procs.active()) {
-    GreedyKernel<kDType, kVecs, true><<<grid, kGreedyThreads, 0, stream>>>(p);
-  } else {
-    GreedyKernel<kDType, kVecs, false><<<grid, kGreedyThreads, 0, stream>>>(p);
-  }
-  return static_cast<int>(hipGetLastError());
-}
-
 #if defined(__CUDACC__)
 // Whether dependent launches are safe and available here, asked once per device: the device
 // has them (compute capability 9.0+) and the kernels that run on it were compiled for 9.0+
@@ -464,6 +454,21 @@ void LaunchDependent(void (*kernel)(Params), dim3 grid, int threads, hipStream_t
   kernel<<<grid, threads, 0, stream>>>(params);
 }
 
+template <DType kDType, int kVecs>
+int LaunchGreedySpans(const SampleArgs& args, GreedyParams p, hipStream_t stream) {
+  p.rows.chunks =
+      static_cast<int>((args.vocab + kGreedySpan<kDType, kVecs> - 1) / kGreedySpan<kDType, kVecs>);
+  const dim3 grid(static_cast<unsigned>(p.rows.chunks), static_cast<unsigned>(args.batch));
+  if (p.rows.procs.marked != nullptr) {  // after MarkAdjustsKernel (v43)
+    LaunchDependent(GreedyKernel<kDType, kVecs, true>, grid, kGreedyThreads, stream, p);
+  } else if (p.rows.procs.active()) {
+    GreedyKernel<kDType, kVecs, true><<<grid, kGreedyThreads, 0, stream>>>(p);
+  } else {
+    GreedyKernel<kDType, kVecs, false><<<grid, kGreedyThreads, 0, stream>>>(p);
+  }
+  return static_cast<int>(hipGetLastError());
+}
+
 // Whether a launch of `chunk_blocks` pass-1 blocks splits each chunk over kMassDrawSplit
 // MassDrawKernel blocks (v34; the same tokens either way). SAMPLERD_MASS_DRAW_SPLIT=0 in the
 // environment never splits, =1 always does: for A/B measurements in one binary, and for the tests
@@ -480,7 +485,11 @@ bool SplitMassDraw(int64_t chunk_blocks) {
 template <DType kDType, ProcsKind kKind>
 void LaunchPasses(dim3 grid, const ChunkPassParams& chunk, const RowFinishParams& finish,
                   const MassDrawParams& draw, hipStream_t stream) {
-  ChunkPassKernel<kDType, kKind><<<grid, kChunkThreads, 0, stream>>>(chunk);
+  if constexpr (kKind == ProcsKind::kAll) {  // after MarkAdjustsKernel (v43)
+    LaunchDependent(ChunkPassKernel<kDType, kKind>, grid, kChunkThreads, stream, chunk);
+  } else {
+    ChunkPassKernel<kDType, kKind><<<grid, kChunkThreads, 0, stream>>>(chunk);
+  }
   LaunchDependent(RowFinishKernel<kDType>, dim3(grid.y), kFinishThreads, stream, finish);
   if (!draw.mass.enabled) return;
   if (SplitMassDraw(static_cast<int64_t>(grid.x) * grid.y)) {
