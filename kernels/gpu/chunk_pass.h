@@ -105,6 +105,11 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       LoadGroup<kDType>(row_ptr, ItemIndex(begin, g * 4), end, &x[g * 4]);
     }
   }
+  // The row's parameters are read after the chunk's loads are issued, so that their latency
+  // overlaps (ncu v5: blocks stalled on this load before their first logits load), and before
+  // the mask's words are first used: behind that use they were a round trip of their own (v44:
+  // 4% of a masked top-k pass's stall samples at B = 128).
+  const RowParams params = p.rows.Params(row);
   // The logits processors' bits, once every load is in flight (row_processors.h). They stay
   // in two registers for the passes below, which re-read the chunk group by group. x[] stays
   // raw: the mask is a predicate in the loops over it (v20, v24), and the tokens with a bias or
@@ -156,9 +161,6 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
       }
     }
   };
-  // The row's parameters are read after the chunk's loads are issued, so that their latency
-  // overlaps (ncu v5: blocks stalled on this load before their first logits load).
-  const RowParams params = p.rows.Params(row);
   const bool greedy = IsGreedy(params);
   const bool mass = IsMassRow(params, p.rows.vocab, p.mass.enabled);
   if (mass) ClearMassHistogram<kChunkThreads>(mass_sh);      // the reductions below wait for it
