@@ -54,11 +54,25 @@ struct PhiloxKey {
   uint32_t word[2];
 };
 
+// The 64-bit product of two 32-bit words. On NVIDIA one wide multiply: NVVM compiles the product
+// of two zero-extended words as a 64-bit multiply (mul.lo.s64), which ptxas issued as the wide
+// multiply plus an add of zero for the high half: ~20 of a Philox block's ~80 instructions
+// (kernels/gpu/NOTES.md v46).
+SAMPLERD_HOST_DEVICE inline uint64_t PhiloxWideProduct(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint64_t product;
+  asm("mul.wide.u32 %0, %1, %2;" : "=l"(product) : "r"(a), "r"(b));
+  return product;
+#else
+  return static_cast<uint64_t>(a) * b;
+#endif
+}
+
 // One Philox4x32 round: two 32x32->64 multiplies, then the S-box-like swap and xor with the key.
 SAMPLERD_HOST_DEVICE inline PhiloxCounter PhiloxRound(const PhiloxCounter& ctr,
                                                       const PhiloxKey& key) {
-  const uint64_t product0 = static_cast<uint64_t>(kPhiloxM0) * ctr.word[0];
-  const uint64_t product1 = static_cast<uint64_t>(kPhiloxM1) * ctr.word[2];
+  const uint64_t product0 = PhiloxWideProduct(kPhiloxM0, ctr.word[0]);
+  const uint64_t product1 = PhiloxWideProduct(kPhiloxM1, ctr.word[2]);
   const uint32_t hi0 = static_cast<uint32_t>(product0 >> 32);
   const uint32_t lo0 = static_cast<uint32_t>(product0);
   const uint32_t hi1 = static_cast<uint32_t>(product1 >> 32);
