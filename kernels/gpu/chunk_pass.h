@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
   int32_t best_i = -1;  // item of best_x; items run in index order, so `>` keeps the lowest
   ArgMaxPair draw{-kInfF, INT64_MAX};
   const bool plain = IsPlainTemperature(params, p.rows.vocab);
-  const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
+  const PhiloxKey key = WaveUniformKey(params.seed);
+  const uint64_t position = WaveUniformU64(params.position);
   float max_z = -kInfF;
   static_assert(kItemsPerThread == 32, "one bit an item in the allow word");
   const uint32_t allow_items = kProcs ? plain_items : ~0u;  // bit i: allowed(i)
@@ -454,7 +455,7 @@ __global__ void __launch_bounds__(kChunkThreads, 3) ChunkPassKernel(ChunkPassPar
         if (group >= end) break;  // groups run in index order
         float v[4];
         load_group(g, v);
-        const PhiloxCounter bits = Philox4x32x10(PhiloxCounterFor(params.position, group), key);
+        const PhiloxCounter bits = Philox4x32x10(PhiloxCounterFor(position, group), key);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float z = temper(v[e]);

@@ -13,6 +13,11 @@
 // wave's best score so far (a drawn token's score, so a valid floor, and higher than a lane's own
 // best). The token is the same as scoring in place: every token that could win is scored exactly,
 // and the argmax (lowest index on ties) does not depend on the order of scoring.
+//
+// The waves of a block share their floors (v46): each wave publishes its best score after it
+// scores, and reads the block's best at every Collect. A wave's own floor covers its 128 tokens a
+// group; the block's covers 1,024, so after the first group far fewer tokens pass BitsFloor, and
+// a Collect in which no lane offers anything costs one vote.
 #ifndef SAMPLERD_KERNELS_GPU_DEFERRED_SCORES_H_
 #define SAMPLERD_KERNELS_GPU_DEFERRED_SCORES_H_
 
@@ -39,11 +44,14 @@ class DeferredScores {
 
   // `chunk`: the staged chunk's x (after the row's processors), token `begin` at offset 0.
   // `top_z`: the largest z of the tokens that will be offered. `floor`: a score some token of
-  // the row reaches (or -inf). Both the same in every lane of the wave.
+  // the row reaches (or -inf). Both the same in every lane of the wave. `block_floor`: shared by
+  // the block's waves, OrderedKey of a score some token of the row reaches (kNegInfKey at first),
+  // written before any wave constructs its DeferredScores.
   __device__ DeferredScores(Storage& storage, const float* chunk, int64_t begin, float temperature,
-                            float top_z, float floor)
+                            float top_z, float floor, uint32_t* block_floor)
       : bits_(storage.bits + Wave() * kPerWave),
         at_(storage.at + Wave() * kPerWave),
+        block_floor_(block_floor),
         chunk_(chunk),
         begin_(begin),
         temperature_(temperature),
@@ -61,18 +69,21 @@ class DeferredScores {
   // Offers this lane's tokens: for each bit e of `mask` (e < kOffersPerLane), the token at chunk
   // offset at[e] with its Philox word bits[e]. Every lane of the wave calls, together.
   __device__ __forceinline__ void Collect(uint32_t mask, const int* at, const uint32_t* bits) {
-    int total;
-    int slot = waiting_ + WaveExclusiveSum(__popc(mask), &total);
+    if (WaveAny(mask != 0u)) {  // once the floor has risen, most waves offer nothing
+      int total;
+      int slot = waiting_ + WaveExclusiveSum(__popc(mask), &total);
 #pragma unroll
-    for (int e = 0; e < kOffersPerLane; ++e) {
-      if (!AnyBitSet(mask, 1u << e)) continue;
-      bits_[slot] = bits[e];
-      at_[slot] = static_cast<uint16_t>(at[e]);
-      ++slot;
+      for (int e = 0; e < kOffersPerLane; ++e) {
+        if (!AnyBitSet(mask, 1u << e)) continue;
+        bits_[slot] = bits[e];
+        at_[slot] = static_cast<uint16_t>(at[e]);
+        ++slot;
+      }
+      waiting_ += total;
+      WaveSync();
+      while (waiting_ >= kWaveSize) Score(kWaveSize);
     }
-    waiting_ += total;
-    WaveSync();
-    while (waiting_ >= kWaveSize) Score(kWaveSize);
+    RaiseFloor(KeyToFloat(__shfl(*static_cast<volatile uint32_t*>(block_floor_), 0, kWaveSize)));
   }
 
   // Scores what waits now, however few (to raise the floor early). Every lane of the wave calls,
@@ -104,13 +115,22 @@ class DeferredScores {
         if (Better(scored, best_)) best_ = scored;
       }
     }
-    floor_ = fmaxf(floor_, WaveMax(best_.value));
-    bits_floor_ = UniformBitsFloor(MayBeatThreshold(top_z_, floor_));
+    const float wave_best = WaveMax(best_.value);
+    if (lane == 0 && wave_best > -kInfF) atomicMax(block_floor_, OrderedKey(wave_best));
+    RaiseFloor(wave_best);
     WaveSync();  // the slots are read before the next Collect writes them
+  }
+
+  // `floor`: a score some token of the row reaches, the same in every lane of the wave.
+  __device__ __forceinline__ void RaiseFloor(float floor) {
+    if (!(floor > floor_)) return;
+    floor_ = floor;
+    bits_floor_ = UniformBitsFloor(MayBeatThreshold(top_z_, floor_));
   }
 
   uint32_t* bits_;
   uint16_t* at_;
+  uint32_t* block_floor_;
   const float* chunk_;
   int64_t begin_;
   float temperature_;

@@ -136,6 +136,29 @@ __device__ __forceinline__ bool MayBeat(float z, float u, float best) {
   return u >= MayBeatThreshold(z, best);
 }
 
+// The Philox key of `seed` and a decode position, in registers the compiler knows hold the same
+// value in every lane (WaveUniform): the key schedule's adds are then made once, not per block,
+// and the first round's product of the position once. The same bits as PhiloxKeyFromSeed. Every
+// lane of the wave must call, with the same values (a row's parameters).
+__device__ __forceinline__ PhiloxKey WaveUniformKey(uint64_t seed) {
+  return PhiloxKey{
+      {WaveUniform(static_cast<uint32_t>(seed)), WaveUniform(static_cast<uint32_t>(seed >> 32))}};
+}
+__device__ __forceinline__ uint64_t WaveUniformU64(uint64_t v) {
+  return static_cast<uint64_t>(WaveUniform(static_cast<uint32_t>(v))) |
+         static_cast<uint64_t>(WaveUniform(static_cast<uint32_t>(v >> 32))) << 32;
+}
+
+// U_j and G_j (philox.h) with a key and position from WaveUniformKey and WaveUniformU64: the
+// same bits as PhiloxUniform and GumbelNoise.
+__device__ __forceinline__ float UniformOf(const PhiloxKey& key, uint64_t position,
+                                           uint64_t token) {
+  return UniformFromBits(Philox4x32x10(PhiloxCounterFor(position, token), key).word[token & 3]);
+}
+__device__ __forceinline__ float GumbelOf(const PhiloxKey& key, uint64_t position, uint64_t token) {
+  return GumbelFromUniform(UniformOf(key, position, token));
+}
+
 // A candidate for an argmax with the lowest index winning ties.
 struct ArgMaxPair {
   float value;
@@ -165,6 +188,16 @@ __device__ __forceinline__ uint64_t WaveSumU64(uint64_t v) {
 __device__ __forceinline__ uint32_t WaveOr(uint32_t v) {
   for (int o = kWaveSize / 2; o > 0; o >>= 1) v |= __shfl_xor(v, o, kWaveSize);
   return v;
+}
+// True in every lane when `p` holds in any lane of the wave.
+__device__ __forceinline__ bool WaveAny(bool p) {
+#if defined(SAMPLERD_GPU_EMULATE)
+  return WaveOr(p ? 1u : 0u) != 0u;
+#elif defined(__HIPCC__)
+  return __any(p) != 0;
+#else
+  return __any_sync(0xffffffffu, p) != 0;
+#endif
 }
 __device__ __forceinline__ uint32_t WaveAnd(uint32_t v) {
   for (int o = kWaveSize / 2; o > 0; o >>= 1) v &= __shfl_xor(v, o, kWaveSize);

@@ -144,6 +144,7 @@ struct MassDrawShared {
   uint32_t fill;  // boundary tokens of this block
   uint32_t base;  // their first slot in the row's list
   uint32_t ticket;
+  uint32_t floor_key;  // a dense draw's best score so far, shared by its waves (OrderedKey)
 };
 
 // Pass 2 of a kTwoPass mass row: block (chunk, row). Writes the row's token and status when it
@@ -160,12 +161,15 @@ struct MassDrawShared {
 // MayBeat skips as the queue, so the same token; the exact scores wait for a full wave (v29).
 // Not inlined: inlined (v28a), B = 1 rows got 2-5% slower.
 template <int kThreads, int kSpan>
-__device__ __noinline__ ArgMaxPair DrawDenseGroups(
-    typename DeferredScores<kThreads>::Storage& storage, const float* chunk, uint32_t kept_groups,
-    int64_t begin, float kept_from, const RowParams& params, float top_z, float floor_score) {
+__device__ __noinline__ ArgMaxPair
+DrawDenseGroups(typename DeferredScores<kThreads>::Storage& storage, const float* chunk,
+                uint32_t kept_groups, int64_t begin, float kept_from, const RowParams& params,
+                float top_z, float floor_score, uint32_t* block_floor) {
   constexpr int kGroups = kSpan / 4 / kThreads;
-  DeferredScores<kThreads> scores(storage, chunk, begin, params.temperature, top_z, floor_score);
-  const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
+  DeferredScores<kThreads> scores(storage, chunk, begin, params.temperature, top_z, floor_score,
+                                  block_floor);
+  const PhiloxKey key = WaveUniformKey(params.seed);
+  const uint64_t position = WaveUniformU64(params.position);
 #pragma unroll 1
   for (int g = 0; g < kGroups; ++g) {  // every lane the same trips: Collect is wave-wide
     const int first = (g * kThreads + static_cast<int>(threadIdx.x)) * 4;
@@ -176,8 +180,7 @@ __device__ __noinline__ ArgMaxPair DrawDenseGroups(
       const float4 x4 = *reinterpret_cast<const float4*>(&chunk[first]);
       const float x[4] = {x4.x, x4.y, x4.z, x4.w};
       // first is a multiple of 4: the group is one Philox block.
-      const PhiloxCounter block =
-          Philox4x32x10(PhiloxCounterFor(params.position, begin + first), key);
+      const PhiloxCounter block = Philox4x32x10(PhiloxCounterFor(position, begin + first), key);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         at[e] = first + e;
@@ -219,6 +222,10 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   // and no divide.
   const float kept_from = plan.kept_from_x;
   const float boundary_from = plan.boundary_from_x;
+  // The row's Philox key and position where the compiler knows they are uniform (every thread
+  // is here): the key schedule is then made once, not in every Philox block.
+  const PhiloxKey key = WaveUniformKey(params.seed);
+  const uint64_t position = WaveUniformU64(params.position);
   // The chunk's loads at once; the kept and boundary tokens are counted from the registers
   // while the chunk is staged in shared memory for the draw.
   uint32_t kept_tokens = 0;
@@ -274,7 +281,10 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
       if (boundary) boundary_groups |= 1u << (i >> 2);
     }
   }
-  if (threadIdx.x == 0) sh.fill = 0;
+  if (threadIdx.x == 0) {
+    sh.fill = 0;
+    sh.floor_key = kNegInfKey;  // before the scan's barriers: every wave reads it after them
+  }
   // The kept tokens compete in the Gumbel-max draw. They are sparse (9% of randn x 3 at p =
   // 0.95), so drawing in place would run the Philox and log code for whole waves where one lane
   // needs it (142 lane-instructions a token measured): they are queued first, then drawn with
@@ -305,7 +315,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
   ArgMaxPair best{-kInfF, INT64_MAX};
   if (dense) {
     best = DrawDenseGroups<kThreads, kSpan>(sh.scores, sh.chunk, kept_groups, begin, kept_from,
-                                            params, top_z, floor_score);
+                                            params, top_z, floor_score, &sh.floor_key);
   }
   for (uint32_t round = 0; !dense && round < total_kept; round += kKeptQueue) {
     uint32_t at = first_kept;
@@ -330,7 +340,7 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
       const int local = sh.kept[q];
       const float z = z_of(sh.chunk[local]);
       const int64_t j = begin + local;
-      const float u = UniformFromBits(PhiloxBits(params.seed, params.position, j));
+      const float u = UniformOf(key, position, static_cast<uint64_t>(j));
       if (!MayBeat(z, u, fmaxf(floor_score, best.value))) continue;
       const ArgMaxPair scored{z + GumbelFromUniform(u), j};
       if (Better(scored, best)) best = scored;
@@ -365,12 +375,10 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     // A boundary token whose u is below this cannot beat the chunk's best, a kept token's
     // score: MayBeat's threshold at the bin's top holds for every z of the bin.
     const float u_floor = MayBeatThreshold(subs.bin_top, best.value);
-    const PhiloxKey key = PhiloxKeyFromSeed(params.seed);
 #pragma unroll 1
     for (uint32_t groups = boundary_groups; groups != 0; groups &= groups - 1) {
       const int first = local_at(__ffs(groups) - 1);
-      const PhiloxCounter bits =
-          Philox4x32x10(PhiloxCounterFor(params.position, begin + first), key);
+      const PhiloxCounter bits = Philox4x32x10(PhiloxCounterFor(position, begin + first), key);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float x = sh.chunk[first + e];

@@ -30,6 +30,8 @@ __device__ int64_t DrawBoundary(const MassPlan& plan, int n, const float* chunk_
                                 ArgMaxPair best_above, SelectStorage& s,
                                 typename BlockReduce<kThreads>::Storage& reduce) {
   using Reduce = BlockReduce<kThreads>;
+  const PhiloxKey key = WaveUniformKey(params.seed);
+  const uint64_t position = WaveUniformU64(params.position);
   if (threadIdx.x == 0) s.cut = static_cast<uint32_t>(n);
   // Both wait for the block before they read. A list longer than one item a thread comes only
   // from a crossing sub-bin of DrawWideBoundary (rare: ties at 1/16,384 logit).
@@ -65,7 +67,7 @@ __device__ int64_t DrawBoundary(const MassPlan& plan, int n, const float* chunk_
   for (int i = threadIdx.x; i < cut; i += kThreads) {
     const int64_t j = s.sort.index[i];
     const float z = KeyToFloat(s.sort.key[i]);
-    const float u = PhiloxUniform(params.seed, params.position, static_cast<uint64_t>(j));
+    const float u = UniformOf(key, position, static_cast<uint64_t>(j));
     if (!MayBeat(z, u, best_above.value)) continue;
     const ArgMaxPair scored{z + GumbelFromUniform(u), j};
     if (Better(scored, best)) best = scored;
@@ -92,6 +94,8 @@ __device__ int64_t DrawWideBoundary(const MassWorkspace& ws, const MassPlan& pla
                                     ArgMaxPair best_above, SelectStorage& s,
                                     typename BlockReduce<kThreads>::Storage& reduce) {
   static_assert(kBoundarySubBins % kScanSegments == 0, "FindCrossingBin's segments");
+  const PhiloxKey key = WaveUniformKey(params.seed);
+  const uint64_t position = WaveUniformU64(params.position);
   const bool summed = ws.Presums(row);
   const BoundarySubBins subs(plan);
   const double unit_mass = subs.UnitMass(plan);
@@ -156,7 +160,7 @@ __device__ int64_t DrawWideBoundary(const MassWorkspace& ws, const MassPlan& pla
       }
       if (summed || b < crossing) continue;
       const int64_t j = list_index[i];
-      const float u_j = PhiloxUniform(params.seed, params.position, static_cast<uint64_t>(j));
+      const float u_j = UniformOf(key, position, static_cast<uint64_t>(j));
       if (!MayBeat(z, u_j, best.value)) continue;
       const ArgMaxPair scored{z + GumbelFromUniform(u_j), j};
       if (Better(scored, best)) best = scored;
@@ -173,7 +177,7 @@ __device__ int64_t DrawWideBoundary(const MassWorkspace& ws, const MassPlan& pla
       const float z = KeyToFloat(list_key[i]);
       if (BoundarySubBins::Of(z) != crossing) continue;
       const int64_t j = list_index[i];
-      const ArgMaxPair scored{z + GumbelNoise(params.seed, params.position, j), j};
+      const ArgMaxPair scored{z + GumbelOf(key, position, static_cast<uint64_t>(j)), j};
       if (Better(scored, mine)) mine = scored;
     }
     return BlockReduce<kThreads>::ArgMax(reduce, mine).index;

@@ -165,6 +165,25 @@ __device__ __forceinline__ uint32_t OpaqueWord(uint32_t word) {
   return word;
 }
 
+// `v`, which must be the same in every lane of the wave (and every lane must call), as a value
+// the compiler knows is: NVIDIA keeps it in a uniform register (a REDUX from sm_80), AMD in a
+// scalar one. Values a function gets by reference or as arguments of a call that is not inlined
+// are not known to be, so each use of them is vector work: the Philox key schedule of the
+// top-p draw was 2 adds a round of every block (kernels/gpu/NOTES.md v46).
+__device__ __forceinline__ uint32_t WaveUniform(uint32_t v) {
+#if defined(SAMPLERD_GPU_EMULATE)
+  return v;
+#elif defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_readfirstlane(v);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_or_sync(0xffffffffu, v);
+#elif defined(__CUDA_ARCH__)
+  return __shfl_sync(0xffffffffu, v, 0);
+#else
+  return v;
+#endif
+}
+
 }  // namespace samplerd::kernels::gpu
 
 #endif  // SAMPLERD_KERNELS_GPU_PLATFORM_H_

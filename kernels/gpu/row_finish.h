@@ -218,9 +218,11 @@ __device__ int64_t GumbelDraw(const Source& source, uint32_t lo, bool noise_only
                               uint64_t* count) {
   ArgMaxPair best{-kInfF, INT64_MAX};
   uint64_t my_mass = 0, my_count = 0;
+  const PhiloxKey philox_key = WaveUniformKey(params.seed);
+  const uint64_t position = WaveUniformU64(params.position);
   source.ForEach([&](uint32_t key, int64_t j, float z) {
     if (key < lo) return;
-    const float noise = GumbelNoise(params.seed, params.position, static_cast<uint64_t>(j));
+    const float noise = GumbelOf(philox_key, position, static_cast<uint64_t>(j));
     const ArgMaxPair candidate{noise_only ? noise : z + noise, j};
     if (Better(candidate, best)) best = candidate;
     if (!noise_only) my_mass += FixedMass(z, row_max);
