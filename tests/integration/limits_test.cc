@@ -28,7 +28,9 @@ namespace samplerd::integration {
 namespace {
 
 constexpr int64_t kSlowBatch = 64;
-constexpr int64_t kSlowVocab = 32000;
+// 33.5 MB of logits: sampled on the one executor for well over the deadline test's 100 ms, with
+// or without sanitizers (32,000 let the deadline test's request through under ASan, session 35).
+constexpr int64_t kSlowVocab = 131072;
 
 class Limits : public ServerSuite {
  protected:
@@ -110,9 +112,12 @@ TEST_F(Deadlines, ARequestWhoseDeadlinePassesInTheQueueIsNotSampled) {
   std::unique_ptr<v1::SamplerService::Stub> stub = v1::SamplerService::NewStub(channel);
   const std::string before = ScrapeMetrics(port_);
   std::future<grpc::Status> slow = StartSlowSample();
-  ASSERT_TRUE(WaitForSeries("samplerd_inflight_requests", 1));
+  // The slow request holds the one executor once its queue wait is counted (the backend started
+  // it); in flight alone, it may still be arriving, and a small request sent then can overtake it.
+  ASSERT_TRUE(WaitForSeries("samplerd_queue_wait_seconds_count",
+                            SeriesValue(before, "samplerd_queue_wait_seconds_count") + 1));
 
-  // Queued behind the slow request (>= 0.2 s) on the one executor, with a 100 ms deadline.
+  // Queued behind the slow request on the one executor, with a 100 ms deadline.
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
   const GreedyCase c = KnownGreedyBatch();
