@@ -122,9 +122,9 @@ struct ExpTable512 {
   }
 };
 
-// QuantisedMass4 for 8 tokens with AVX-512 F + DQ: the same double operations in the same
-// order, the table read by permutes and the truncation by vcvttpd2uqq (exact below 2^64).
-SAMPLERD_AVX512 inline __m512i QuantisedMass8(__m512d x, const ExpTable512& t) {
+// ExpNonPositive of eight lanes with AVX-512 F + DQ: the same double operations in the same
+// order (bit-identical results), the table read by permutes.
+SAMPLERD_AVX512 inline __m512d ExpNonPositive8(__m512d x, const ExpTable512& t) {
   const __m512d shift = _mm512_set1_pd(kShift);
   const __m512d kd_shifted = _mm512_add_pd(_mm512_mul_pd(x, _mm512_set1_pd(kInvLn2N)), shift);
   const __m512i ki = _mm512_castpd_si512(kd_shifted);
@@ -151,7 +151,13 @@ SAMPLERD_AVX512 inline __m512i QuantisedMass8(__m512d x, const ExpTable512& t) {
   inner = _mm512_add_pd(_mm512_set1_pd(0.5), _mm512_mul_pd(r, inner));
   const __m512d poly =
       _mm512_add_pd(_mm512_add_pd(_mm512_set1_pd(1.0), r), _mm512_mul_pd(r2, inner));
-  const __m512d v = _mm512_mul_pd(_mm512_mul_pd(scale, poly), _mm512_set1_pd(kMassScale));
+  return _mm512_mul_pd(scale, poly);
+}
+
+// QuantisedMass4 for 8 tokens with AVX-512 F + DQ: ExpNonPositive8, then the truncation by
+// vcvttpd2uqq (exact below 2^64).
+SAMPLERD_AVX512 inline __m512i QuantisedMass8(__m512d x, const ExpTable512& t) {
+  const __m512d v = _mm512_mul_pd(ExpNonPositive8(x, t), _mm512_set1_pd(kMassScale));
   const __mmask8 in_range = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-44.0), _CMP_GE_OQ);
   return _mm512_maskz_mov_epi64(in_range, _mm512_cvttpd_epu64(v));
 }

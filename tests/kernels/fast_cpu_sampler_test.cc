@@ -907,11 +907,14 @@ TEST(FastCpuSamplerTest, PlainTemperatureRowsInAMixedBatchMatchTheOracle) {
   oracle_args.logits = shifted.data() + 1;
   CpuSampleRows(oracle_args, 0, b.batch);
   EXPECT_EQ(fast.tokens, oracle.tokens);
-  // The scalar mass sums (no AVX2) reach the same tokens.
-  cpu_fast_internal::Avx2Allowed().store(false);
+  // The AVX2 mass sums (no AVX-512) and the scalar ones (no AVX2) reach the same tokens.
   const Batch plain = PlainBatch(DType::kFp32, 32, 9000, rng);
+  cpu_fast_internal::Avx512Allowed().store(false);
+  EXPECT_EQ(Compare(plain, RunFast(plain, sampler), RunOracle(plain), "avx2"), 0);
+  cpu_fast_internal::Avx2Allowed().store(false);
   EXPECT_EQ(Compare(plain, RunFast(plain, sampler), RunOracle(plain), "scalar"), 0);
   cpu_fast_internal::Avx2Allowed().store(true);
+  cpu_fast_internal::Avx512Allowed().store(true);
 }
 
 thread_local sigjmp_buf* fault_jump = nullptr;
