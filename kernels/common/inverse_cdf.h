@@ -39,6 +39,13 @@ SAMPLERD_HOST_DEVICE inline bool IsPlainTemperature(const RowParams& p, int64_t 
          !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
 }
 
+// True when the row's only filter is top-p (no top-k, min-p 0, not greedy): the chunked draw
+// below. Host and device. (Without top-k and min-p the two top-p modes keep the same set.)
+SAMPLERD_HOST_DEVICE inline bool IsTopPAlone(const RowParams& p, int64_t vocab) {
+  return !(p.temperature < kGreedyTemperature) && !(p.top_k > 0 && p.top_k < vocab) &&
+         p.top_p > 0.0f && p.top_p < 1.0f && !(p.min_p > 0.0f);
+}
+
 // The Philox token index of the row's uniform: block 2^62 - 1, the last block of the counter's
 // token half, which no token of a row (index < 2^31) reaches.
 inline constexpr uint64_t kRowUniformToken = ~uint64_t{0} - 3;
@@ -64,6 +71,50 @@ SAMPLERD_HOST_DEVICE inline double InverseTemperature(float temperature) {
 // mass_j = exp((x - reference) * inv_t), reference finite. -inf x gives 0.
 SAMPLERD_HOST_DEVICE inline double InverseCdfMass(float x, double reference, double inv_t) {
   return exp((static_cast<double>(x) - reference) * inv_t);
+}
+
+// ---- Top-p alone: the chunked inverse-CDF draw (kernels v47) -------------------------------
+//
+// A row whose only filter is top-p (IsTopPAlone above) with a finite max z
+// draws from its kept set K (select.h's rule, unchanged) in three levels, each the same rule:
+//   m_j      = exp(double(z_j) - double(z_max)) for j in K, else 0       (KeptMass; z = x / T)
+//   level 1  the units are chunks of kDrawChunk tokens of the row, u = u1;
+//   level 2  the units are segments of kDrawSegment tokens of the chosen chunk, u = u2;
+//   level 3  the units are the tokens of the chosen segment, u = u3;
+//   at each level: a unit's weight is the sum of its m_j in index order (double); the total is
+//   the sum of the weights in unit order; the chosen unit is the lowest whose running weight is
+//   > u x total, or, if rounding leaves none, the last unit of weight > 0.
+// P(j) = W_chunk / W x W_segment / W_chunk x m_j / W_segment = m_j / W: the softmax of z over K.
+// Each level needs its weights only to the precision of its own boundaries, so a backend may
+// take the chunk and segment weights from cheaper sums (fixed point, float exps) and compute
+// exact double masses for one segment only; its token then differs from these exact sums only
+// when u1 x W or u2 x W_chunk lies within that error of a boundary between two units.
+inline constexpr int64_t kDrawChunk = 8192;
+inline constexpr int64_t kDrawSegment = 32;
+
+// A 32-bit word as a uniform in (0, 1): (w + 1/2) x 2^-32.
+SAMPLERD_HOST_DEVICE inline double UniformFromWord(uint32_t w) {
+  return (static_cast<double>(w) + 0.5) * 0x1.0p-32;
+}
+
+// The three uniforms: u1 from words 0 and 1 of the row's Philox block (RowUniform's), u2 from
+// word 2, u3 from word 3.
+struct ChunkedUniforms {
+  double u1;
+  double u2;
+  double u3;
+};
+
+SAMPLERD_HOST_DEVICE inline ChunkedUniforms RowChunkedUniforms(uint64_t seed, uint64_t position) {
+  const PhiloxCounter out =
+      Philox4x32x10(PhiloxCounterFor(position, kRowUniformToken), PhiloxKeyFromSeed(seed));
+  return {UniformDoubleFromBits(out.word[0], out.word[1]), UniformFromWord(out.word[2]),
+          UniformFromWord(out.word[3])};
+}
+
+// m_j of a kept token: exp(z - z_max) in double (z <= z_max, both finite).
+SAMPLERD_HOST_DEVICE inline double KeptMass(float z, double z_max) {
+  return exp(static_cast<double>(z) - z_max);
 }
 
 }  // namespace samplerd::kernels

@@ -119,20 +119,6 @@ SAMPLERD_HOST_DEVICE inline float UniformFromBits(uint32_t bits) {
   return (static_cast<float>(bits >> 9) + 0.5f) * 0x1.0p-23f;
 }
 
-// A floor on the bits of a uniform: every `bits` with UniformFromBits(bits) >= u_floor has
-// bits >= UniformBitsFloor(u_floor), so a draw can skip a token on one integer comparison of its
-// Philox word, before any conversion (a few bits below the exact bound may pass: callers test
-// the uniform itself afterwards). 0 when u_floor is <= 0 or NaN.
-//   UniformFromBits(bits) >= u  <=>  (bits >> 9) >= u 2^23 - 0.5; u 2^23 is exact, and
-//   fl(u 2^23 - 1.5) < u 2^23 - 0.5 (its rounding error is at most 0.25 below 2^23), so its
-//   integer part is below every (bits >> 9) that passes.
-SAMPLERD_HOST_DEVICE inline uint32_t UniformBitsFloor(float u_floor) {
-  const float m = u_floor * 0x1.0p23f - 1.5f;
-  if (!(m > 0.0f)) return 0u;
-  if (m >= 8388607.0f) return 8388607u << 9;
-  return static_cast<uint32_t>(m) << 9;
-}
-
 // Standard Gumbel noise -logf(-logf(u)) for u in (0, 1), in fp32.
 SAMPLERD_HOST_DEVICE inline float GumbelFromUniform(float u) { return -logf(-logf(u)); }
 

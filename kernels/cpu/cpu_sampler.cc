@@ -231,6 +231,8 @@ RowDraw DrawRow(const RowParams& p, int64_t n, RowScratch& s) {
   ApplyMinP(z, mx, p.min_p, n, keep);
   ApplyTopK(z, order, p.top_k, n, keep);
   ApplyTopP(z, order, mx, p, n, keep);
+  // Top-p alone: the chunked inverse-CDF draw over the kept set (kernels/common/inverse_cdf.h).
+  if (IsTopPAlone(p, n)) return {ChunkedInverseCdfDraw(z, keep, n, mx, p), DrawKind::kFiltered, mx};
   return {GumbelArgMax(z, keep, n, p), DrawKind::kFiltered, mx};
 }
 

@@ -18,6 +18,13 @@ namespace samplerd::kernels {
 // Cost: two passes over the row, one exp per token. Thread-safe (reads only its arguments).
 int32_t InverseCdfDraw(const float* x, int64_t n, const RowParams& p);
 
+// The token of the chunked inverse-CDF draw of a top-p-alone row (kernels/common/inverse_cdf.h):
+// z[0, n) the row's x / T, keep[j] != 0 for the kept set K (non-empty), z_max the row's max z
+// (finite, in K). Never returns a token outside K. Cost: one exp per token of the row, and one
+// per token of the chosen chunk and segment again.
+int32_t ChunkedInverseCdfDraw(const float* z, const uint8_t* keep, int64_t n, float z_max,
+                              const RowParams& p);
+
 }  // namespace samplerd::kernels
 
 #endif  // SAMPLERD_KERNELS_CPU_INVERSE_CDF_DRAW_H_

@@ -11,6 +11,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SAMPLERD_CPU_FAST_X86 1
 #define SAMPLERD_AVX2 __attribute__((target("avx2")))
+// AVX2 with FMA, for code that fuses its multiply-adds explicitly (intrinsics) and nowhere else.
+#define SAMPLERD_AVX2_FMA __attribute__((target("avx2,fma"), optimize("fp-contract=off")))
 // AVX-512 F enables FMA, and GCC contracts a * b + c into one even in ISO mode: fp-contract=off
 // keeps these paths rounding as the scalar ones do (the tests compare them bit for bit).
 #define SAMPLERD_AVX512 \
@@ -38,6 +40,17 @@ inline bool UseAvx2() {
 #if SAMPLERD_CPU_FAST_X86
   static const bool supported = __builtin_cpu_supports("avx2");
   return supported && Avx2Allowed().load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+// True when the AVX2 paths run and the CPU has FMA (SAMPLERD_AVX2_FMA code: the chunked draw's
+// float masses; without FMA they take the scalar path).
+inline bool UseAvx2Fma() {
+#if SAMPLERD_CPU_FAST_X86
+  static const bool supported = __builtin_cpu_supports("fma");
+  return supported && UseAvx2();
 #else
   return false;
 #endif

@@ -19,9 +19,12 @@
 //   3. draw    plain-temperature rows (temperature alone, finite max z): the inverse-CDF draw,
 //              mass sums per piece of the row in parallel, then the crossing piece scanned,
 //              within a proven margin of the oracle's index-order sums or else the oracle's own
-//              draw (inverse_cdf_pass.h). Other rows: Gumbel-max over the survivors
-//              z >= threshold, skipping the noise (and its logs) wherever it provably cannot
-//              win, so the token is the oracle's (gumbel_draw.h).
+//              draw (inverse_cdf_pass.h). Top-p-alone rows: the chunked inverse CDF, float
+//              mass sums per chunk over the kept set, then a chunk, a segment and a token, each
+//              within its proven margin or else the oracle's draw (chunked_draw.h); rows whose
+//              survivors were all gathered draw from them. Other rows: Gumbel-max over the
+//              survivors z >= threshold, skipping the noise (and its logs) wherever it provably
+//              cannot win, so the token is the oracle's (gumbel_draw.h).
 // The hot loops have AVX2 versions chosen at run time (cpu_features.h) that compute exactly what
 // the scalar ones do.
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_sampler.h"
+#include "kernels/cpu_fast/chunked_draw.h"
 #include "kernels/cpu_fast/gumbel_draw.h"
 #include "kernels/cpu_fast/inverse_cdf_pass.h"
 #include "kernels/cpu_fast/quantised_mass.h"
@@ -332,14 +336,25 @@ bool FastCpuSampler::Impl::Sample(const SampleArgs& caller_args) {
     selecting.resize(kept);
   }
 
-  // 3. Draw. Plain-temperature rows: piece masses over every task range; the task that
-  // completes a row finds its token (or hands the row to the oracle's draw), so no second loop.
+  // 3. Draw. Plain-temperature and top-p-alone rows: piece masses over every task range; the
+  // task that completes a row finds its token (or hands the row to the oracle's draw), so no
+  // second loop.
+  for (int64_t row = 0; row < batch; ++row) {
+    if (rows[row]->plan != Plan::kChunkedDraw) continue;
+    cpu_fast_internal::StartChunkedDraw(*rows[row]);
+    plain.push_back(row);
+  }
   if (!RunChunks(plain, args.vocab, [&](int64_t row, int64_t t0, int64_t t1) {
         RowState& r = *rows[row];
-        if (!cpu_fast_internal::MassPieces(args, row, t0, t1, r)) return;
-        if (cpu_fast_internal::FinishInverseCdf(args, row, inverse_cdf_extra_margin, r)) {
-          inverse_cdf_fallbacks.fetch_add(1, std::memory_order_relaxed);
+        const bool chunked = r.plan == Plan::kChunkedDraw;
+        if (!(chunked ? cpu_fast_internal::ChunkedMassPieces(args, row, t0, t1, r)
+                      : cpu_fast_internal::MassPieces(args, row, t0, t1, r))) {
+          return;
         }
+        const bool oracle =
+            chunked ? cpu_fast_internal::FinishChunkedDraw(args, row, inverse_cdf_extra_margin, r)
+                    : cpu_fast_internal::FinishInverseCdf(args, row, inverse_cdf_extra_margin, r);
+        if (oracle) inverse_cdf_fallbacks.fetch_add(1, std::memory_order_relaxed);
       })) {
     return false;
   }

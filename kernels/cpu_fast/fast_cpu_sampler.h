@@ -61,9 +61,9 @@ class FastCpuSampler {
     // at or above its bin; those are then gathered and finished in one thread. Tests lower it
     // to drive every path on small rows.
     int gather_cap = 1024;
-    // Plain-temperature rows: added to the proven margin of the inverse-CDF draw, as a
-    // fraction of the row's total mass. Tests raise it (>= 1 sends every such row to the
-    // oracle's InverseCdfDraw) to drive the fallback; 0 in production.
+    // Plain-temperature and top-p-alone rows: added to the proven margins of the inverse-CDF
+    // draws, as a fraction of the total mass. Tests raise it (>= 1 sends every such row to the
+    // oracle's InverseCdfDraw / ChunkedInverseCdfDraw) to drive the fallback; 0 in production.
     double inverse_cdf_extra_margin = 0.0;
     // Copy each non-greedy row's logits into the sampler's own memory as the first pass reads
     // them, and run every later pass on the copy. For logits another process may write while a
@@ -89,8 +89,9 @@ class FastCpuSampler {
 
   int threads() const;
 
-  // Plain-temperature rows whose token came from the oracle's InverseCdfDraw (the fast sums
-  // were within their margin of a boundary) since construction. Thread-safe.
+  // Plain-temperature and top-p-alone rows whose token came from the oracle's InverseCdfDraw or
+  // ChunkedInverseCdfDraw (the fast sums were within their margin of a boundary) since
+  // construction. Thread-safe.
   int64_t inverse_cdf_fallbacks() const;
 
   // Samples every row of `args` (host memory, validated as for CpuSampleRows) and writes the

@@ -18,13 +18,7 @@
 #endif
 
 namespace samplerd::kernels::cpu_fast_internal {
-namespace {
 
-// The relative error allowed to a piece's masses (ExpNonPositive against std::exp): d below.
-constexpr double kMassError = 0x1.0p-40;
-
-// Tokens [begin, begin + n) of row `row` as fp32 (n <= kChunk, inside one chunk): the logits
-// themselves when they are fp32 and 4-byte aligned, else a copy in `scratch`.
 const float* ReadX(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, float* scratch) {
   const unsigned char* x = Fp32Chunk(args, row, begin);
   if (x != nullptr && reinterpret_cast<uintptr_t>(x) % alignof(float) == 0) {
@@ -35,35 +29,39 @@ const float* ReadX(const SampleArgs& args, int64_t row, int64_t begin, int64_t n
 }
 
 #if SAMPLERD_CPU_FAST_X86
-// The lanes of v at or above skip_f (bit i: lane i); the others are counted in `left_out`.
-SAMPLERD_AVX2 inline int KeptLanes(__m256 v, __m256 skip_f, int64_t& left_out) {
-  const int kept = _mm256_movemask_ps(_mm256_cmp_ps(v, skip_f, _CMP_GE_OQ));
-  left_out += 8 - __builtin_popcount(static_cast<unsigned>(kept));
-  return kept;
-}
+namespace {
 
 // PieceMass over x[0, n - n % 8), 8 tokens at a time into two 4-lane sums; returns where the
-// scalar tail starts and adds the lanes to `sum`. Blocks of 8 all left out are skipped.
+// scalar tail starts and adds the lanes to `sum`. Blocks of 8 all left out or outside the set
+// are skipped.
 SAMPLERD_AVX2 int64_t PieceMassAvx2(const float* x, int64_t n, const RowState& r, double& sum,
                                     int64_t& left_out) {
   const __m256d x_max = _mm256_set1_pd(r.top_x);
   const __m256d inv_t = _mm256_set1_pd(r.inv_t);
   const __m256d skip = _mm256_set1_pd(r.skip_below);
   const __m256 skip_f = _mm256_set1_ps(r.skip_below);
+  const __m256 keep_f = _mm256_set1_ps(r.keep_from);
+  const __m256d keep = _mm256_set1_pd(r.keep_from);
   __m256d acc0 = _mm256_setzero_pd();
   __m256d acc1 = _mm256_setzero_pd();
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m256 v = _mm256_loadu_ps(x + j);
-    const int kept = KeptLanes(v, skip_f, left_out);
+    const int in_set = _mm256_movemask_ps(_mm256_cmp_ps(v, keep_f, _CMP_GE_OQ));
+    const int kept = _mm256_movemask_ps(_mm256_cmp_ps(v, skip_f, _CMP_GE_OQ)) & in_set;
+    left_out += __builtin_popcount(static_cast<unsigned>(in_set & ~kept));
     if (kept == 0) continue;
     const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
     const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
     // Left-out lanes (-inf included) may compute anything: the mask zeroes them.
     const __m256d m_lo = ExpNonPositive4(_mm256_mul_pd(_mm256_sub_pd(lo, x_max), inv_t));
     const __m256d m_hi = ExpNonPositive4(_mm256_mul_pd(_mm256_sub_pd(hi, x_max), inv_t));
-    acc0 = _mm256_add_pd(acc0, _mm256_and_pd(m_lo, _mm256_cmp_pd(lo, skip, _CMP_GE_OQ)));
-    acc1 = _mm256_add_pd(acc1, _mm256_and_pd(m_hi, _mm256_cmp_pd(hi, skip, _CMP_GE_OQ)));
+    const __m256d in_lo =
+        _mm256_and_pd(_mm256_cmp_pd(lo, skip, _CMP_GE_OQ), _mm256_cmp_pd(lo, keep, _CMP_GE_OQ));
+    const __m256d in_hi =
+        _mm256_and_pd(_mm256_cmp_pd(hi, skip, _CMP_GE_OQ), _mm256_cmp_pd(hi, keep, _CMP_GE_OQ));
+    acc0 = _mm256_add_pd(acc0, _mm256_and_pd(m_lo, in_lo));
+    acc1 = _mm256_add_pd(acc1, _mm256_and_pd(m_hi, in_hi));
   }
   alignas(32) double lanes[4];
   _mm256_store_pd(lanes, _mm256_add_pd(acc0, acc1));
@@ -81,11 +79,14 @@ SAMPLERD_AVX512 int64_t PieceMassAvx512(const float* x, int64_t n, const RowStat
   const __m512d x_max = _mm512_set1_pd(r.top_x);
   const __m512d inv_t = _mm512_set1_pd(r.inv_t);
   const __m256 skip_f = _mm256_set1_ps(r.skip_below);
+  const __m256 keep_f = _mm256_set1_ps(r.keep_from);
   __m512d acc = _mm512_setzero_pd();
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m256 v = _mm256_loadu_ps(x + j);
-    const int kept = KeptLanes(v, skip_f, left_out);
+    const int in_set = _mm256_movemask_ps(_mm256_cmp_ps(v, keep_f, _CMP_GE_OQ));
+    const int kept = _mm256_movemask_ps(_mm256_cmp_ps(v, skip_f, _CMP_GE_OQ)) & in_set;
+    left_out += __builtin_popcount(static_cast<unsigned>(in_set & ~kept));
     if (kept == 0) continue;
     // Left-out lanes (-inf included) may compute anything: the mask leaves them out.
     const __m512d m =
@@ -100,11 +101,10 @@ SAMPLERD_AVX512 int64_t PieceMassAvx512(const float* x, int64_t n, const RowStat
 }
 
 SAMPLERD_AVX512_WARNINGS_ON
+
+}  // namespace
 #endif
 
-// The approximate mass sum of x[0, n), tokens left out (x < r.skip_below) excepted and counted
-// in `left_out`: each mass by ExpNonPositive (within 2^-47 of the oracle's, see
-// FinishInverseCdf), in no set order.
 double PieceMass(const float* x, int64_t n, const RowState& r, int64_t& left_out) {
   double sum = 0.0;
   int64_t j = 0;
@@ -116,7 +116,8 @@ double PieceMass(const float* x, int64_t n, const RowState& r, int64_t& left_out
   }
 #endif
   for (; j < n; ++j) {
-    if (x[j] < r.skip_below) {  // -inf too
+    if (!(x[j] >= r.keep_from)) continue;  // not in the set (-inf on a chunked row)
+    if (x[j] < r.skip_below) {             // -inf too
       ++left_out;
       continue;
     }
@@ -124,6 +125,29 @@ double PieceMass(const float* x, int64_t n, const RowState& r, int64_t& left_out
   }
   return sum;
 }
+
+double ProvenMargin(double mass_error, double oracle_depth, double our_depth, double total,
+                    int64_t left_out_tokens, double skip_bound, double extra_margin) {
+  const double left_out = static_cast<double>(left_out_tokens) * skip_bound;
+  return ((3.0 * oracle_depth + 3.0 * our_depth + 4.0) * 0x1.0p-53 + 3.0 * mass_error) *
+             (total + left_out) +
+         2.0 * left_out + extra_margin * total;
+}
+
+void SetSkipBelow(double threshold, RowState& r) {
+  if (threshold < -std::numeric_limits<float>::max()) {
+    r.skip_below = -kInf;
+  } else {
+    r.skip_below = static_cast<float>(threshold);
+    if (static_cast<double>(r.skip_below) < threshold) {
+      r.skip_below = std::nextafter(r.skip_below, kInf);
+    }
+  }
+  const float below = std::nextafter(r.skip_below, -kInf);
+  r.skip_bound = InverseCdfMass(below, r.top_x, r.inv_t) * (1.0 + 0x1.0p-40);
+}
+
+namespace {
 
 // The oracle's draw over the whole row, read into the thread's scratch.
 int32_t OracleDraw(const SampleArgs& args, int64_t row, const RowParams& p) {
@@ -139,21 +163,13 @@ int32_t OracleDraw(const SampleArgs& args, int64_t row, const RowParams& p) {
 
 void StartInverseCdf(RowState& r) {
   r.inv_t = InverseTemperature(r.p.temperature);
+  r.keep_from = -kInf;
+  r.scaled = false;
   // Left out: x < skip_below, i.e. x <= the float just below it, whose mass bounds theirs (the
   // mass is monotone in x; the factor covers exp's rounding, well under an ulp). skip_below is
-  // the threshold rounded up, so every token kept has (x - x_max) / T >= -28 (a little less
+  // the threshold rounded up, so every token kept has (x - x_max) / T >= -36 (a little less
   // after rounding), inside ExpNonPositive's domain [-44, 0].
-  const double threshold = static_cast<double>(r.top_x) - kSkipLogits * r.p.temperature;
-  if (threshold < -std::numeric_limits<float>::max()) {
-    r.skip_below = -kInf;
-  } else {
-    r.skip_below = static_cast<float>(threshold);
-    if (static_cast<double>(r.skip_below) < threshold) {
-      r.skip_below = std::nextafter(r.skip_below, kInf);
-    }
-  }
-  const float below = std::nextafter(r.skip_below, -kInf);
-  r.skip_bound = InverseCdfMass(below, r.top_x, r.inv_t) * (1.0 + 0x1.0p-40);
+  SetSkipBelow(static_cast<double>(r.top_x) - kSkipLogits * r.p.temperature, r);
   r.pieces.clear();
   r.covered = 0;
 }
@@ -164,7 +180,8 @@ bool MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
   pieces.reserve(static_cast<size_t>((t1 - t0) / kPiece + 2));
   for (int64_t begin = t0; begin < t1;) {
     const int64_t end = std::min(t1, (begin / kPiece + 1) * kPiece);
-    const float* x = ReadX(args, row, begin, end - begin, scratch);
+    const float* x = r.scaled ? ScaledChunk(args, row, begin, end - begin, r.p.temperature, scratch)
+                              : ReadX(args, row, begin, end - begin, scratch);
     MassPiece piece{begin, end, 0.0, 0};
     piece.mass = PieceMass(x, end - begin, r, piece.left_out);
     pieces.push_back(piece);
@@ -193,7 +210,8 @@ bool MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, Row
 //     < 2^-64; the polynomial's roundings, the table's exp2 (< 1 ulp) and the final product
 //     add < 10 ulp; the exponent addition is exact (results > 2^-1022). So m'_j is within
 //     2^-48 of exp, hence within 2^-47 of m_j (glibc's exp: < 1 ulp). The margin allows
-//     d = 2^-40 (tests/kernels/fast_cpu_sampler_test.cc checks 2^-47 on a million arguments).
+//     d = kPieceMassError = 2^-40 (tests/kernels/fast_cpu_sampler_test.cc checks 2^-47 on a
+//     million arguments).
 // A sum of nonnegative terms is within gamma_D of their exact sum when no term passes through
 // more than D additions (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
 // section 4.2). The oracle's terms pass through up to n; ours through at most D = 2 kPiece +
@@ -220,12 +238,9 @@ bool FinishInverseCdf(const SampleArgs& args, int64_t row, double extra_margin, 
   for (const MassPiece& piece : pieces) total += piece.mass;
   int64_t left_out_tokens = 0;
   for (const MassPiece& piece : pieces) left_out_tokens += piece.left_out;
-  const double n = static_cast<double>(args.vocab);
   const double depth = static_cast<double>(2 * kPiece + static_cast<int64_t>(pieces.size()) + 1);
-  const double left_out = static_cast<double>(left_out_tokens) * r.skip_bound;
-  const double margin =
-      ((3.0 * n + 3.0 * depth + 4.0) * 0x1.0p-53 + 3.0 * kMassError) * (total + left_out) +
-      2.0 * left_out + extra_margin * total;
+  const double margin = ProvenMargin(kPieceMassError, static_cast<double>(args.vocab), depth, total,
+                                     left_out_tokens, r.skip_bound, extra_margin);
   const double target = RowUniform(r.p.seed, r.p.position) * total;
 
   double before = 0.0;  // C_k

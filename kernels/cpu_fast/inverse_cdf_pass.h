@@ -36,6 +36,32 @@ inline constexpr int64_t kPiece = 512;
 // rows fell back at V = 32,000.)
 inline constexpr double kSkipLogits = 36.0;
 
+// Tokens [begin, begin + n) of row `row` as fp32 (n <= kChunk, inside one chunk): the logits
+// themselves when they are fp32 and 4-byte aligned, else a copy in `scratch`.
+const float* ReadX(const SampleArgs& args, int64_t row, int64_t begin, int64_t n, float* scratch);
+
+// The approximate mass sum of the tokens of x[0, n) in the set (x >= r.keep_from), those left
+// out (x < r.skip_below) excepted and counted in `left_out`: each mass ExpNonPositive((x -
+// r.top_x) * r.inv_t), within 2^-47 of the oracle's exp (see FinishInverseCdf), in no set order.
+double PieceMass(const float* x, int64_t n, const RowState& r, int64_t& left_out);
+
+// The relative error allowed to PieceMass's masses (ExpNonPositive against std::exp; 2^-47
+// proven in FinishInverseCdf's comment).
+inline constexpr double kPieceMassError = 0x1.0p-40;
+
+// The proven distance (FinishInverseCdf's comment) within which a sum formed here may differ
+// from the oracle's sum of the same tokens' masses in index order, a target included: our
+// masses are within `mass_error` (relative) of the oracle's; the oracle's terms pass through at
+// most `oracle_depth` additions, ours through `our_depth`; `total` is our sum of everything,
+// `left_out_tokens` tokens are missing from it with a mass of at most `skip_bound` each;
+// `extra_margin` x total is added (tests force fallbacks so).
+double ProvenMargin(double mass_error, double oracle_depth, double our_depth, double total,
+                    int64_t left_out_tokens, double skip_bound, double extra_margin);
+
+// Sets r.skip_below to `threshold` rounded up to a float (-inf below the floats) and
+// r.skip_bound to the largest mass of a token below it (r.top_x and r.inv_t set).
+void SetSkipBelow(double threshold, RowState& r);
+
 // Prepares r (Plan::kInverseCdf, r.top_x the row's max x, r.p its parameters) for MassPieces.
 void StartInverseCdf(RowState& r);
 

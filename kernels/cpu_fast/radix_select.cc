@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu_fast/bin_kernels.h"
+#include "kernels/cpu_fast/chunked_draw.h"
 #include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/gumbel_draw.h"
 #include "kernels/cpu_fast/order_keys.h"
@@ -67,14 +68,17 @@ void FinishGathered(int64_t gather_cap, RowState& r) {
     }
     kept = i;
   }
+  // Top-p alone: the chunked inverse-CDF draw over the survivors (chunked_draw.h).
+  if (r.top_p_alone) return DrawChunkedGathered(kept, r);
   DrawSorted(kept, r);
   r.plan = Plan::kDone;
   r.token = static_cast<int32_t>(r.best_id);
 }
 
-// The draw over every survivor, keys <= p_key (top-p) and the other thresholds.
+// The draw over every survivor, keys <= p_key (top-p) and the other thresholds: Gumbel-max, or
+// the chunked inverse CDF when top-p is the row's only filter.
 void PlanDraw(uint32_t p_key, RowState& r) {
-  r.plan = Plan::kDraw;
+  r.plan = r.top_p_alone ? Plan::kChunkedDraw : Plan::kDraw;
   r.draw_key = std::min({p_key, KeyOf(std::max(r.min_threshold, r.min_finite)),
                          KeyOf(std::max(r.k_threshold, r.min_finite))});
 }

@@ -48,6 +48,7 @@ enum class Plan : uint8_t {
   kSelect,       // finding the top-k / top-p thresholds
   kDraw,         // Gumbel draw over keys <= draw_key (phase 3)
   kInverseCdf,   // temperature alone, finite max z: the inverse-CDF draw (inverse_cdf_pass.h)
+  kChunkedDraw,  // top-p alone, its keys <= draw_key: the chunked inverse-CDF draw (chunked_draw.h)
 };
 
 enum class Stage : uint8_t { kTopK, kTopP };
@@ -100,6 +101,7 @@ struct RowState {
   float min_threshold = -kInf;  // min-p: keep z >= this
   float k_threshold = -kInf;
   bool joint = false;
+  bool top_p_alone = false;  // IsTopPAlone (kernels/common/inverse_cdf.h): the chunked draw
   bool need_k = false;
   bool need_p = false;
   // Selection state of the current stage: its tokens are the keys in [KeyOf(mx), stage_hi].
@@ -131,7 +133,11 @@ struct RowState {
   std::vector<Candidate> candidates;
   // Plan::kInverseCdf (inverse_cdf_pass.h): 1 / T; tokens with x < skip_below are left out of
   // the sums, each with a mass <= skip_bound; the mass sums of the row's pieces, in no order.
+  // Plan::kChunkedDraw (chunked_draw.h) the same over z = x / T (`scaled`; top_x = mx, inv_t =
+  // 1) and over the kept set only, z >= keep_from (-inf: every token).
   double inv_t = 0.0;
+  bool scaled = false;
+  float keep_from = -kInf;
   float skip_below = -kInf;
   double skip_bound = 0.0;
   std::vector<MassPiece> pieces;
@@ -194,6 +200,8 @@ struct ThreadScratch {
   std::vector<Mass> mass = std::vector<Mass>(kHistBins);
   std::vector<int32_t> bins = std::vector<int32_t>(kChunk);  // a chunk's bins
   std::vector<float> row;  // a whole row, for the inverse-CDF draw's fallback (sized on use)
+  // A chunk's kept z packed together, for the chunked draw's sparse pieces (chunk_weights.h).
+  std::vector<float> packed = std::vector<float>(kChunk + 32);
   std::vector<double> window_weight;  // NarrowMassWindow's sample masses per grid bin
 };
 

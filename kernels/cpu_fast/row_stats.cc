@@ -219,6 +219,7 @@ void Decide(const SampleArgs& args, const ChunkStats* stats, int64_t chunks, Row
   r.min_threshold = p.min_p > 0.0f ? r.mx + logf(p.min_p) : -kInf;
   r.k_threshold = -kInf;
   r.joint = p.top_p_mode == TopPMode::kJoint;
+  r.top_p_alone = IsTopPAlone(p, args.vocab);
   r.need_k = p.top_k > 0 && p.top_k < args.vocab;
   r.need_p = p.top_p > 0.0f && p.top_p < 1.0f;
   r.candidates.clear();

@@ -117,25 +117,6 @@ __device__ __forceinline__ uint64_t FixedMass(float z, float row_max) {
   return static_cast<uint64_t>(expf(z - row_max) * kMassScale);
 }
 
-// False only when a token's Gumbel score z + G(u) certainly loses to `best`, a score already
-// seen (G(u) = -logf(-logf(u)), kernels/common/philox.h). The exact G costs two accurate logf;
-// this test costs two fast exps: G > best - z  <=>  u > t = exp(-exp(z - best)).
-// The margin: u < (1 - m) t means G < (best - z) - m exp(best - z), and wherever t > 2^-24 (the
-// smallest u) that is at least 0.06 m = 1.8e-4 below the threshold in G. That is above the
-// fp32 rounding of z + G while |best| < 1024 (6.1e-5; else the test always says true) and the
-// error of two logf and of the fast exps, so a token it drops could never have won.
-// MayBeat(z, u, best) is u >= MayBeatThreshold(z, best). A u below the threshold of the largest
-// z of a set of tokens loses for every token of the set: the margin argument above holds at that
-// z, and a smaller z only lowers the score.
-__device__ __forceinline__ float MayBeatThreshold(float z, float best) {
-  if (!(fabsf(best) < 1024.0f)) return 0.0f;  // also best = -inf: nothing seen yet
-  constexpr float kKeep = 1.0f - 0.003f;      // 1 - m
-  return kKeep * __expf(-__expf(z - best));
-}
-__device__ __forceinline__ bool MayBeat(float z, float u, float best) {
-  return u >= MayBeatThreshold(z, best);
-}
-
 // The Philox key of `seed` and a decode position, in registers the compiler knows hold the same
 // value in every lane (WaveUniform): the key schedule's adds are then made once, not per block,
 // and the first round's product of the position once. The same bits as PhiloxKeyFromSeed. Every

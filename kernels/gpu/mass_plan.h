@@ -11,10 +11,11 @@
 //     combines the chunks' histograms in chunk order, each scaled by exp(chunk max - row max)
 //     in double, and finds the boundary bin: the first bin, from the top, where the mass
 //     reaches p * total. That is the row's MassPlan (PlanMassRow).
-//   pass 2 (MassDrawKernel, mass_draw.h): each chunk block reads its chunk again. Tokens above the
-//     boundary bin are kept for sure and compete in the Gumbel-max draw at once; the boundary
-//     bin's tokens are appended to a per-row list. The last block sorts that list, keeps the
-//     prefix whose mass above stays below the target (a tie group whole), and ends the draw.
+//   pass 2 (MassDrawKernel, mass_draw.h): each chunk block reads its chunk again and appends the
+//     boundary bin's tokens to a per-row list (tokens above the bin are kept for sure). The
+//     row's last block sorts that list, keeps the prefix whose mass above stays below the
+//     target (a tie group whole), and draws the token by the chunked inverse CDF
+//     (chunked_draw.h).
 //
 // The result is the rule of select.h (keep j iff the mass strictly above z_j is < p * total)
 // with masses in units of the row max's mass, summed chunk by chunk in a fixed order: bitwise
@@ -39,10 +40,10 @@ inline constexpr float kMassMaxRowAbs = 1048576.0f;    // 2^20
 inline constexpr float kMassMaxChunkAbs = 2097152.0f;  // 2^21
 
 // Boundary tokens a row's list holds. Up to kSortCap are sorted at once (mass_finish.h), more are
-// split into sub-bins first (DrawWideBoundary).
+// split into sub-bins first (CutAndAttribute, chunked_draw.h).
 inline constexpr int kBoundaryCap = 16384;
-// Sub-bins of a wide boundary bin (1/2,048 logit each): pass 2 weighs them and keeps each one's
-// best Gumbel score (v30), so the row's last block reads 256 sums instead of the whole list.
+// Sub-bins of a wide boundary bin (1/2,048 logit each): pass 2 weighs them (v30), so the row's
+// last block reads 256 sums instead of weighing the whole list.
 inline constexpr int kBoundarySubBins = 256;
 // Launches of at most this many MassDrawKernel blocks sum the sub-bins in pass 2 (v30 measured
 // the crossover between 608 and 1,024 blocks on the H200's 132 SMs, 4 blocks each). Larger
@@ -83,20 +84,15 @@ struct MassPlan {
   float boundary_from_x;
 };
 
-// Best Gumbel score of a chunk's tokens above the boundary bin (index -1: none).
-struct ChunkBest {
-  float score;
-  int32_t index;
-};
-
 // The mass path's part of the workspace.
 struct MassWorkspace {
-  bool enabled;             // false: no row takes the mass path (logprobs were asked for)
-  uint32_t* hist_count;     // [batch, chunks, kMassBins] tokens per bin
-  uint32_t* hist_hi;        // sum of (mass >> 16)
-  uint32_t* hist_lo;        // sum of (mass & 0xffff): 32-bit shared atomics, no carries
-  double* chunk_scale;      // [batch, chunks] exp(chunk max - row max); 0: chunk out of range
-  ChunkBest* chunk_best;    // [batch, MassDrawKernel blocks a row] (chunks x its split)
+  bool enabled;          // false: no row takes the mass path (logprobs were asked for)
+  uint32_t* hist_count;  // [batch, chunks, kMassBins] tokens per bin
+  uint32_t* hist_hi;     // sum of (mass >> 16)
+  uint32_t* hist_lo;     // sum of (mass & 0xffff): 32-bit shared atomics, no carries
+  double* chunk_scale;   // [batch, chunks] exp(chunk max - row max); 0: chunk out of range
+  // [batch, chunks] the histogram's weight above the boundary bin, by pass 2 (level 1's weights)
+  unsigned long long* chunk_kept;
   MassPlan* plan;           // [batch]
   uint32_t* pass2_ticket;   // [batch] zeroed by the plan
   uint32_t* boundary_fill;  // [batch] tokens appended to the boundary list; zeroed by the plan
@@ -104,16 +100,15 @@ struct MassWorkspace {
   int32_t* boundary_index;  // [batch, kBoundaryCap]
   // Rows at or past presum_from_row (every row of a small launch, the last rows of a large one;
   // PresumRowsFrom): [batch, kBoundarySubBins], zeroed by the plan, filled by pass 2 on wide
-  // rows (more boundary tokens than a MassDrawKernel block has threads): tokens, fixed-point
-  // weight, and the best score among the tokens that might win (BoundaryBestKey). The other rows
-  // weigh and draw the list in the row's last block instead: the same sums and the same token
+  // rows (more boundary tokens than a MassDrawKernel block has threads): tokens and fixed-point
+  // weight. The other rows weigh the list in the row's last block instead: the same sums and
+  // the same token
   // (v30: pass 2's share cost up to 8% at B = 256, the last block's wait ~40 us at small B,
   // where it is the row's critical path).
   int64_t presum_from_row;
   __host__ __device__ bool Presums(int64_t row) const { return row >= presum_from_row; }
   uint32_t* sub_count;
   unsigned long long* sub_weight;
-  unsigned long long* sub_best;
 };
 
 // A wide boundary bin's sub-bins: the bin [bin_top - 1/8, bin_top) of z split by the fraction of
@@ -142,12 +137,6 @@ struct BoundarySubBins {
 
   static constexpr float kUnit = 16777216.0f;  // 2^24
 };
-
-// A Gumbel score and its token as one number whose max is the better pair (higher score, then
-// lower index: Better's order); 0 is below every pair.
-__device__ __forceinline__ unsigned long long BoundaryBestKey(float score, int32_t index) {
-  return (static_cast<unsigned long long>(OrderedKey(score)) << 32) | ~static_cast<uint32_t>(index);
-}
 
 // One token's mass relative to `ref` (z <= ref) in units of 2^-31 (<= 2^31: fits 32 bits).
 // exp2f of a product: two instructions where expf costs about ten (pass 1 is instruction-
@@ -252,7 +241,6 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
   for (int b = threadIdx.x; b < kBoundarySubBins && ws.Presums(row); b += kThreads) {
     ws.sub_count[row * kBoundarySubBins + b] = 0;
     ws.sub_weight[row * kBoundarySubBins + b] = 0;
-    ws.sub_best[row * kBoundarySubBins + b] = 0;
   }
   if (!usable) {
     if (threadIdx.x == 0) plan->path = MassPath::kFallback;

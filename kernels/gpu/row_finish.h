@@ -201,6 +201,7 @@ struct FinishShared {
     ChunkStats staged[kMaxStagedChunks];  // only until the row summary is made
     MassPlanScratch mass_plan;            // mass rows' plan (mass_plan.h)
     InverseCdfShared inverse_cdf;         // plain-temperature rows' draw (inverse_cdf.h)
+    ChunkedDrawShared chunked;            // v47: top-p-alone rows' draw (chunked_draw.h)
   };
   uint32_t candidate_offset[kMaxStagedChunks + 1];
   BlockReduce<kFinishThreads>::Storage reduce;

@@ -33,6 +33,24 @@ namespace {
 // Top-N logprobs collected on chip (the server's limit is far lower).
 constexpr int32_t kMaxGpuTopLogprobs = kSortCap / 2;
 
+// v47: a top-p-alone row's token by the chunked inverse CDF over the survivors (key >= t);
+// sources other than the row itself (the candidates of top-k rows) keep `token`.
+template <class Source>
+__device__ int64_t ChunkedIfTopPAlone(const Source&, int64_t token, uint32_t, const RowParams&,
+                                      float, FinishShared&) {
+  return token;
+}
+template <DType kDType>
+__device__ int64_t ChunkedIfTopPAlone(const RowSource<kDType>& source, int64_t token, uint32_t t,
+                                      const RowParams& params, float row_max, FinishShared& sh) {
+  if (!IsTopPAlone(params, source.vocab)) return token;
+  __syncthreads();  // every thread is done with sh.select
+  auto keeps = [t](float, float z) { return OrderedKey(z) >= t; };
+  return OneBlockChunkedDraw<kDType, kFinishThreads>(
+      source.row, source.procs, source.row_index, source.vocab, row_max, source.temperature, keeps,
+      params, [token] { return token; }, sh.chunked, sh.reduce);
+}
+
 // Resolves min-p, top-k and top-p over `source` and draws. Returns the token; *threshold gets
 // the smallest surviving key, *mass and *count the survivors' fixed-point mass and number.
 template <class Source>
@@ -60,11 +78,13 @@ __device__ int64_t FilterAndDraw(const Source& source, const RowParams& params, 
       *threshold = t;
       *mass = draw.mass;
       *count = draw.count;
-      return draw.best.index;
+      return ChunkedIfTopPAlone(source, draw.best.index, t, params, row_max, sh);
     }
   }
   *threshold = t;
-  return GumbelDraw(source, t, /*noise_only=*/false, row_max, params, sh, mass, count);
+  const int64_t token =
+      GumbelDraw(source, t, /*noise_only=*/false, row_max, params, sh, mass, count);
+  return ChunkedIfTopPAlone(source, token, t, params, row_max, sh);
 }
 
 // The raw logits' statistics of a row with logits processors (pass 1 saw the processed ones):
@@ -361,8 +381,8 @@ int64_t GreedySpansPerRow(int64_t vocab) {
 // launch's spans.
 struct WorkspaceLayout {
   size_t tickets, greedy_spans, stats, candidate_key, candidate_index, hist_count, hist_hi, hist_lo,
-      chunk_scale, chunk_best, plan, counters, boundary_key, boundary_index, sub_count, sub_weight,
-      sub_best, marked, first, total;
+      chunk_scale, chunk_kept, plan, counters, boundary_key, boundary_index, sub_count, sub_weight,
+      marked, first, total;
 
   WorkspaceLayout(int64_t batch, int64_t vocab) {
     const size_t rows = static_cast<size_t>(batch);
@@ -382,14 +402,13 @@ struct WorkspaceLayout {
     hist_hi = take(slots * kMassBins * sizeof(uint32_t));
     hist_lo = take(slots * kMassBins * sizeof(uint32_t));
     chunk_scale = take(slots * sizeof(double));
-    chunk_best = take(slots * kMassDrawSplit * sizeof(ChunkBest));
+    chunk_kept = take(slots * sizeof(unsigned long long));
     plan = take(rows * sizeof(MassPlan));
     counters = take(2 * rows * sizeof(uint32_t));
     boundary_key = take(rows * kBoundaryCap * sizeof(uint32_t));
     boundary_index = take(rows * kBoundaryCap * sizeof(int32_t));
     sub_count = take(rows * kBoundarySubBins * sizeof(uint32_t));
     sub_weight = take(rows * kBoundarySubBins * sizeof(unsigned long long));
-    sub_best = take(rows * kBoundarySubBins * sizeof(unsigned long long));
     marked = take(rows * BitmaskWords(vocab) * sizeof(uint32_t));  // RowProcessors::marked
     first = take(rows * BitmaskWords(vocab) * sizeof(uint32_t));   // RowProcessors::first
     total = at;
@@ -572,7 +591,7 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
   mass.hist_hi = reinterpret_cast<uint32_t*>(ws + layout.hist_hi);
   mass.hist_lo = reinterpret_cast<uint32_t*>(ws + layout.hist_lo);
   mass.chunk_scale = reinterpret_cast<double*>(ws + layout.chunk_scale);
-  mass.chunk_best = reinterpret_cast<ChunkBest*>(ws + layout.chunk_best);
+  mass.chunk_kept = reinterpret_cast<unsigned long long*>(ws + layout.chunk_kept);
   mass.plan = reinterpret_cast<MassPlan*>(ws + layout.plan);
   mass.pass2_ticket = counters;
   mass.boundary_fill = counters + args.batch;
@@ -580,7 +599,6 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
   mass.boundary_index = reinterpret_cast<int32_t*>(ws + layout.boundary_index);
   mass.sub_count = reinterpret_cast<uint32_t*>(ws + layout.sub_count);
   mass.sub_weight = reinterpret_cast<unsigned long long*>(ws + layout.sub_weight);
-  mass.sub_best = reinterpret_cast<unsigned long long*>(ws + layout.sub_best);
   mass.presum_from_row = PresumRowsFrom(args.batch, chunks);
 
   RowProcessors procs{};

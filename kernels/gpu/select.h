@@ -147,12 +147,31 @@ __device__ void FindCrossingBin(SelectStorage& s, int nbins, uint64_t above, dou
   }
   if (t == 0) s.found_bin = -1;
   __syncthreads();
-  if (t == 0) {
-    uint64_t running = above;
-    for (int i = 0; i < kScanSegments; ++i) {
-      const uint64_t w = s.segment[i];
-      s.segment[i] = running;  // weight above segment i
-      running += w;
+  // The weight above each segment, by wave 0: lane l holds segments [l k, l k + k), k =
+  // kScanSegments / kWaveSize, and one wave scan adds the lanes' sums (integers: the same sums in
+  // any order; one thread walking the 64 segments took ~1 us).
+  if (t < kWaveSize) {
+    constexpr int kPerLane = kScanSegments / kWaveSize > 0 ? kScanSegments / kWaveSize : 1;
+    uint64_t w[kPerLane];
+    uint64_t lane_sum = 0;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int i = t * kPerLane + k;
+      w[k] = i < kScanSegments ? s.segment[i] : 0;
+      lane_sum += w[k];
+    }
+    uint64_t inclusive = lane_sum;
+    for (int o = 1; o < kWaveSize; o <<= 1) {
+      const uint64_t up = static_cast<uint64_t>(
+          __shfl_up(static_cast<unsigned long long>(inclusive), o, kWaveSize));
+      if (t >= o) inclusive += up;
+    }
+    uint64_t running = above + (inclusive - lane_sum);
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int i = t * kPerLane + k;
+      if (i < kScanSegments) s.segment[i] = running;  // weight above segment i
+      running += w[k];
     }
   }
   __syncthreads();

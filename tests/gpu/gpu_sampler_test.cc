@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/inverse_cdf.h"
 #include "kernels/common/philox.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -81,6 +82,63 @@ double Score(const Batch& b, int64_t r, int64_t j) {
   return static_cast<double>(x / p.temperature) + GumbelNoise(p.seed, p.position, j);
 }
 
+// v47 diagnostics: for a top-p-alone row, how close its level-1 and level-2 targets lie to a
+// unit boundary, relative to the level's total (the oracle's exact sums; a mismatch of the
+// near-boundary kind has one of them within ~1e-6).
+std::string ChunkedDrawMargins(const Batch& b, int64_t r) {
+  const RowParams& p = b.params[b.params.size() == 1 ? 0 : r];
+  if (!IsTopPAlone(p, b.vocab)) return "";
+  const int64_t n = b.vocab;
+  std::vector<float> z(n);
+  for (int64_t j = 0; j < n; ++j) {
+    z[j] = LoadValue(b.dtype, &b.bytes[r * b.row_stride * DTypeSize(b.dtype)], j) / p.temperature;
+  }
+  const float mx = *std::max_element(z.begin(), z.end());
+  std::vector<int64_t> order(n);
+  for (int64_t j = 0; j < n; ++j) order[j] = j;
+  std::sort(order.begin(), order.end(),
+            [&](int64_t a, int64_t c) { return z[a] > z[c] || (z[a] == z[c] && a < c); });
+  double total = 0.0;
+  for (int64_t j : order) total += std::exp(double{z[j]} - mx);
+  std::vector<double> m(n, 0.0);
+  double prefix = 0.0, above = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = order[i];
+    if (i == 0 || z[j] != z[order[i - 1]]) above = prefix;
+    prefix += std::exp(double{z[j]} - mx);
+    if (above < p.top_p * total) m[j] = std::exp(double{z[j]} - mx);
+  }
+  const ChunkedUniforms u = RowChunkedUniforms(p.seed, p.position);
+  auto margin = [&](int64_t begin, int64_t end, int64_t unit, double uniform, int64_t* chosen) {
+    std::vector<double> w;
+    for (int64_t f = begin; f < end; f += unit) {
+      double s = 0.0;
+      for (int64_t j = f; j < std::min(end, f + unit); ++j) s += m[j];
+      w.push_back(s);
+    }
+    double t = 0.0;
+    for (double x : w) t += x;
+    const double target = uniform * t;
+    double run = 0.0, best = 1.0;
+    *chosen = -1;
+    for (size_t k = 0; k < w.size(); ++k) {
+      run += w[k];
+      best = std::min(best, std::fabs(run - target) / t);
+      if (*chosen < 0 && w[k] > 0.0 && run > target)
+        *chosen = begin + static_cast<int64_t>(k) * unit;
+    }
+    return best;
+  };
+  int64_t chunk = 0, segment = 0;
+  const double m1 = margin(0, n, kDrawChunk, u.u1, &chunk);
+  const double m2 = margin(chunk, std::min(n, chunk + kDrawChunk), kDrawSegment, u.u2, &segment);
+  char out[160];
+  std::snprintf(out, sizeof(out), " [chunked draw: chunk %ld margin %.2e, segment %ld margin %.2e]",
+                static_cast<long>(chunk / kDrawChunk), m1,
+                static_cast<long>((segment - chunk) / kDrawSegment), m2);
+  return out;
+}
+
 TEST_F(GpuSamplerTest, TokensMatchTheCpuReference) {
   std::mt19937_64 rng(1234);
   int64_t rows = 0, mismatches = 0, greedy_mismatches = 0;
@@ -102,10 +160,11 @@ TEST_F(GpuSamplerTest, TokensMatchTheCpuReference) {
             if (setting.params.temperature == 0.0f) ++greedy_mismatches;
             std::printf(
                 "mismatch %s %s %s B=%ld V=%ld row %ld: cpu %d (score %.7f) gpu %d "
-                "(score %.7f)\n",
+                "(score %.7f)%s\n",
                 setting.name, DTypeName(dtype), kind, static_cast<long>(b.batch),
                 static_cast<long>(b.vocab), static_cast<long>(r), cpu.tokens[r],
-                Score(b, r, cpu.tokens[r]), gpu.tokens[r], Score(b, r, gpu.tokens[r]));
+                Score(b, r, cpu.tokens[r]), gpu.tokens[r], Score(b, r, gpu.tokens[r]),
+                ChunkedDrawMargins(b, r).c_str());
           }
         }
       }

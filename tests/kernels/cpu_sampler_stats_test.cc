@@ -40,14 +40,15 @@ constexpr double kAlpha = 1e-6;  // false-alarm rate per chi-square test
 constexpr int kDraws = 20000;
 
 // Draws kDraws tokens and compares their histogram with the exact distribution.
-void ExpectFitsTheReferenceDistribution(const std::vector<float>& x, const RowParams& p) {
+void ExpectFitsTheReferenceDistribution(const std::vector<float>& x, const RowParams& p,
+                                        int draws = kDraws) {
   const std::vector<double> prob = ReferenceDistribution(x, p);
   std::vector<int64_t> counts(x.size(), 0);
-  for (int32_t t : DrawTokens(x, p, kDraws)) {
+  for (int32_t t : DrawTokens(x, p, draws)) {
     ASSERT_TRUE(t >= 0 && prob[t] > 0.0) << "drew token " << t << " outside the support";
     ++counts[t];
   }
-  const ChiSquare chi = Pearson(counts, prob, kDraws);
+  const ChiSquare chi = Pearson(counts, prob, draws);
   ASSERT_GE(chi.df, 2) << "setting too concentrated to test";
   EXPECT_LT(chi.statistic, ChiSquareCritical(chi.df, kAlpha)) << "df " << chi.df;
 }
@@ -115,6 +116,24 @@ TEST(CpuSamplerStats, TopPSamplingFitsTheRenormalisedNucleus) {
   RowParams p = Params(1.0f, 106);
   p.top_p = 0.8f;
   ExpectFitsTheReferenceDistribution(RandomLogits(50, 107, -3.0f, 3.0f), p);
+}
+
+// Top-p alone is drawn by the chunked inverse CDF (kernels/common/inverse_cdf.h): a nucleus
+// spread over two chunks, with tokens on both sides of chunk and segment edges, ties and a
+// lone token in its segment, follows the renormalised softmax.
+TEST(CpuSamplerStats, TopPAloneFitsTheNucleusAcrossChunksAndSegments) {
+  std::vector<float> x(8448, -kInf);
+  const std::vector<float> spread = RandomLogits(64, 121, -2.5f, 2.5f);
+  const int edges[] = {0, 1, 31, 32, 33, 63, 64, 4095, 8190, 8191, 8192, 8193, 8223, 8224, 8447};
+  int k = 0;
+  for (int j : edges) x[j] = spread[k++];
+  for (int j = 100; k < 60; j += 181) x[j] = spread[k++];
+  x[8000] = x[8300] = x[8191];  // a tie across chunks
+  for (float top_p : {0.9f, 0.6f}) {
+    RowParams p = Params(0.8f, 122);
+    p.top_p = top_p;
+    ExpectFitsTheReferenceDistribution(x, p, /*draws=*/6000);  // a long row: fewer draws
+  }
 }
 
 // Logits processors: draws follow softmax of the processed row (bias, penalties, mask), after

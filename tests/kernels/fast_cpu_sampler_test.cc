@@ -26,6 +26,7 @@
 #include "kernels/cpu/cpu_sampler.h"
 #include "kernels/cpu/half_float.h"
 #include "kernels/cpu_fast/cpu_features.h"
+#include "kernels/cpu_fast/float_mass.h"
 #include "kernels/cpu_fast/quantised_mass.h"
 
 namespace samplerd::kernels {
@@ -748,6 +749,87 @@ TEST(FastCpuSamplerTest, TableExpIsWithinTwoToTheMinus47OfStdExp) {
     }
   }
 #endif
+}
+
+#if SAMPLERD_CPU_FAST_X86
+SAMPLERD_AVX2_FMA void VectorFloatMasses8(const float* z, float mx, float* out) {
+  const __m256 lo = _mm256_loadu_ps(cpu_fast_internal::kExp2Sixteenths);
+  const __m256 hi = _mm256_loadu_ps(cpu_fast_internal::kExp2Sixteenths + 8);
+  _mm256_storeu_ps(
+      out, cpu_fast_internal::FloatKeptMass8(_mm256_loadu_ps(z), _mm256_set1_ps(mx), lo, hi));
+}
+
+SAMPLERD_AVX512_WARNINGS_OFF
+SAMPLERD_AVX512 void VectorFloatMasses16(const float* z, float mx, float* out) {
+  const __m512 table = _mm512_loadu_ps(cpu_fast_internal::kExp2Sixteenths);
+  _mm512_storeu_ps(
+      out, cpu_fast_internal::FloatKeptMass16(_mm512_loadu_ps(z), _mm512_set1_ps(mx), table));
+}
+SAMPLERD_AVX512_WARNINGS_ON
+#endif
+
+// The chunked draw's level 1 sums float masses and allows them kFloatMassError (2^-22) of the
+// oracle's double exp (chunked_draw.cc); float_mass.h's analysis says 2.3 x 2^-24 for z - z_max
+// in [-40, 0]. Swept over row maxima of every size and sign (z - z_max then rounds in float, and
+// TwoSum must recover the error), arguments near 0, at the range reduction's rounding points
+// (multiples of ln 2 / 32) and at the domain's ends, with and without the fused multiply-adds;
+// the AVX2 and AVX-512 forms give FloatKeptMassFma's bits.
+TEST(FastCpuSamplerTest, FloatMassesAreWithinTheirProvenBoundOfStdExp) {
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<double> below(-40.0, 0.0);
+  std::uniform_real_distribution<float> near_zero(-1.0f, 1.0f);
+  const float mxs[] = {0.0f,  -0.0f,   1.0f,  1.5f,    -7.25f,  13.21906f, 1000.0f,
+                       0.03f, -0.001f, 3e-5f, 39.999f, -100.0f, 2.5e5f,    -37.0f};
+  double worst = 0.0;
+  int64_t checked = 0;
+  for (float mx : mxs) {
+    std::vector<float> z;
+    z.push_back(mx);
+    z.push_back(std::nextafter(mx, -kInf));
+    for (int i = 0; i < 200000; ++i) z.push_back(static_cast<float>(mx + below(rng)));
+    for (int i = 0; i < 50000; ++i) z.push_back(near_zero(rng) * (i % 2 == 0 ? 1e-3f : 40.0f));
+    for (int k = 0; k <= 1848; ++k) {  // (k + 1/2) ln 2 / 16: kd's rounding points
+      const float d = static_cast<float>(-(k + 0.5) * 0.69314718055994530942 / 16.0);
+      for (float v : {mx + d, std::nextafter(mx + d, kInf), std::nextafter(mx + d, -kInf)}) {
+        z.push_back(v);
+      }
+    }
+    z.push_back(static_cast<float>(mx - 40.0));
+    z.resize(z.size() - z.size() % 16, mx);
+    for (float& v : z) {
+      const double d = static_cast<double>(v) - mx;
+      if (!(d <= 0.0 && d >= -40.0)) v = mx;  // the domain: kept tokens are within 36 of mx
+    }
+    for (float v : z) {
+      const double exact = std::exp(static_cast<double>(v) - mx);
+      const double got = cpu_fast_internal::FloatKeptMass(v, mx);
+      const double fused = cpu_fast_internal::FloatKeptMassFma(v, mx);
+      worst = std::max(worst, std::fabs(got - exact) / exact);
+      worst = std::max(worst, std::fabs(fused - exact) / exact);
+      ++checked;
+    }
+#if SAMPLERD_CPU_FAST_X86
+    for (size_t i = 0; cpu_fast_internal::UseAvx2Fma() && i < z.size(); i += 8) {
+      float out[8];
+      VectorFloatMasses8(&z[i], mx, out);
+      for (int l = 0; l < 8; ++l) {
+        ASSERT_EQ(out[l], cpu_fast_internal::FloatKeptMassFma(z[i + l], mx))
+            << "AVX2: z " << z[i + l] << " mx " << mx;
+      }
+    }
+    for (size_t i = 0; cpu_fast_internal::UseAvx512() && i < z.size(); i += 16) {
+      float out[16];
+      VectorFloatMasses16(&z[i], mx, out);
+      for (int l = 0; l < 16; ++l) {
+        ASSERT_EQ(out[l], cpu_fast_internal::FloatKeptMassFma(z[i + l], mx))
+            << "AVX-512: z " << z[i + l] << " mx " << mx;
+      }
+    }
+#endif
+  }
+  EXPECT_GT(checked, 3000000);
+  EXPECT_LT(worst, 2.3 * 0x1.0p-24);
+  EXPECT_LT(2.3 * 0x1.0p-24, cpu_fast_internal::kFloatMassError);
 }
 
 TEST(FastCpuSamplerTest, AQwenSizedRowGivesTheSameTokenOnAnyThreadCount) {

@@ -6,21 +6,29 @@
 // sampled on the AVX-512, AVX2 and scalar paths, on 1 and 3 threads, and with a gather cap of
 // 16 (short rows then take the row-wide draw). These rows were checked to give the oracle's
 // tokens before the fast paths existed (commit 655724e), so any token the fast paths changed
-// fails here.
+// fails here. Top-p-alone rows (the chunked inverse-CDF draw): its paths told apart by the
+// fallback count, targets crafted within each level's margin of a unit boundary, and the
+// fallback rate measured over many seeds.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/common/inverse_cdf.h"
 #include "kernels/cpu/cpu_sampler.h"
 #include "kernels/cpu/half_float.h"
+#include "kernels/cpu/inverse_cdf_draw.h"
+#include "kernels/cpu_fast/chunked_draw.h"
 #include "kernels/cpu_fast/cpu_features.h"
 #include "kernels/cpu_fast/fast_cpu_sampler.h"
+#include "kernels/cpu_fast/order_keys.h"
 #include "kernels/cpu_fast/radix_select.h"
 #include "kernels/cpu_fast/row_state.h"
 
@@ -239,6 +247,298 @@ TEST(FastCpuTopPTest, TheStatsPassesSampleIsTheRowsTokensAtTheSampleIndices) {
         }
       }
     }
+  }
+}
+
+// Top-p alone: the chunked inverse-CDF draw (kernels/cpu_fast/chunked_draw.h), token for token
+// against the oracle on each of its paths (AVX-512, AVX2, scalar), told apart by the fallback
+// count. A margin of 2 x the
+// mass sends every row drawn from the piece sums to the oracle's ChunkedInverseCdfDraw, and no
+// row whose kept tokens were all gathered (those use the oracle's own sums): a gather cap of 16
+// puts every row here on the first path (fallbacks == rows), an unbounded one every row on the
+// second (fallbacks == 0). A margin of 1e-3 of the mass sends some rows (a target within 1e-3
+// of a chunk or segment boundary) and not others; none at 0.
+TEST(FastCpuTopPTest, TopPAloneRowsTakeTheOraclesTokenOnEveryPathOfTheChunkedDraw) {
+  const RowParams settings[] = {Params(1.0f, 0, 0.95f, 0.0f), Params(0.8f, 0, 0.9f, 0.0f),
+                                Params(1.3f, 0, 0.5f, 0.0f), Params(1.0f, 0, 0.999f, 0.0f)};
+  struct Case {
+    const char* name;
+    int gather_cap;
+    double extra;
+  };
+  const Case cases[] = {{"pieces, every row to the oracle", 16, 2.0},
+                        {"gathered, no margin used", 1 << 30, 2.0},
+                        {"pieces, a margin of 1e-3", 16, 1e-3},
+                        {"default", 1024, 0.0}};
+  std::mt19937_64 rng(20261207);
+  for (const Case& c : cases) {
+    FastCpuSampler::Options options;
+    options.threads = 3;
+    options.spin_us = 50;
+    options.gather_cap = c.gather_cap;
+    options.inverse_cdf_extra_margin = c.extra;
+    FastCpuSampler sampler(options);
+    int64_t rows = 0;
+    for (int64_t vocab : {151936, 20000, 1001}) {
+      for (Shape shape : {Shape::kFlat, Shape::kRandn, Shape::kZipf}) {
+        Rows batch = MakeRows(shape, vocab, DType::kFp32, rng);
+        for (int64_t row = 0; row < batch.batch; ++row) {
+          const uint64_t seed = batch.params[row].seed;
+          const uint64_t position = batch.params[row].position;
+          batch.params[row] = settings[row % std::size(settings)];
+          batch.params[row].seed = seed;
+          batch.params[row].position = position;
+        }
+        std::vector<int32_t> oracle, fast;
+        std::vector<RowStatus> oracle_status, fast_status;
+        CpuSampleRows(batch.Args(oracle, oracle_status), 0, batch.batch);
+        for (int path = 0; path < 3; ++path) {
+          const Paths paths(/*avx2=*/path < 2, /*avx512=*/path == 0);
+          const int64_t before = sampler.inverse_cdf_fallbacks();
+          ASSERT_TRUE(sampler.Sample(batch.Args(fast, fast_status)));
+          const std::string what = std::string(c.name) + ": " + Name(shape) + " V " +
+                                   std::to_string(vocab) + " path " + std::to_string(path);
+          EXPECT_EQ(fast_status, oracle_status);
+          EXPECT_EQ(fast, oracle) << what;
+          // Flat rows keep hundreds of tokens at least; a Zipf or randn x 3 row at p = 0.5 may
+          // keep 16 or fewer, gathered even at a cap of 16.
+          const int64_t fallbacks = sampler.inverse_cdf_fallbacks() - before;
+          if (c.extra >= 1.0 && c.gather_cap == 16 && shape == Shape::kFlat) {
+            EXPECT_EQ(fallbacks, batch.batch) << what;
+          } else if (c.extra >= 1.0 && c.gather_cap != 16) {
+            EXPECT_EQ(fallbacks, 0) << what;
+          }
+          rows += batch.batch;
+        }
+      }
+    }
+    ASSERT_EQ(rows, 3 * 3 * 3 * 2 * static_cast<int64_t>(std::size(kSettings)));
+    if (c.extra >= 1.0) {
+      continue;  // checked batch by batch above
+    } else if (c.extra > 0.0) {
+      EXPECT_GT(sampler.inverse_cdf_fallbacks(), 0) << c.name;
+      EXPECT_LT(sampler.inverse_cdf_fallbacks(), rows) << c.name;
+    } else {
+      EXPECT_EQ(sampler.inverse_cdf_fallbacks(), 0) << c.name;
+    }
+  }
+}
+
+// Rows of V = 2 x `unit` tokens, tokens [0, unit) at logit a and the rest at 0 (T = 1, top-p
+// 0.999: every token kept), for kSweepSeeds seeds whose level uniform u (`level` of their
+// ChunkedUniforms) lies in (0.2, 0.8): a swept across a0 = log(u / (1 - u)), where the first
+// unit's share of the mass is u, in kSweepSteps steps of ~0.15 x 3 x 2^-22 of the mass and the
+// kSweepUlps floats on either side of a0.
+constexpr int kSweepSeeds = 8;
+constexpr int kSweepSteps = 41;
+constexpr int kSweepUlps = 16;
+Rows SweepAcrossAUnitBoundary(int64_t unit, uint64_t position,
+                              double (*level)(const ChunkedUniforms&)) {
+  const int64_t vocab = 2 * unit;
+  Rows rows;
+  rows.vocab = vocab;
+  RowParams p = Params(1.0f, 0, 0.999f, 0.0f);
+  p.position = position;
+  for (int found = 0; found < kSweepSeeds; ++p.seed) {
+    const double u = level(RowChunkedUniforms(p.seed, p.position));
+    if (!(u > 0.2 && u < 0.8)) continue;  // a0 in [-1.4, 1.4]
+    ++found;
+    const double a0 = std::log(u / (1.0 - u));
+    // The boundary moves by sigmoid'(a) x da of the mass: steps of ~0.15 x the margin.
+    const double step = 0.15 * 3.0 * 0x1.0p-22 / (u * (1.0 - u));
+    std::vector<float> a;
+    for (int k = -kSweepSteps / 2; k <= kSweepSteps / 2; ++k) {
+      a.push_back(static_cast<float>(a0 + static_cast<double>(k) * step));
+    }
+    float nearest = static_cast<float>(a0);
+    for (int k = 0; k < kSweepUlps; ++k) nearest = std::nextafter(nearest, -1e9f);
+    for (int k = -kSweepUlps; k <= kSweepUlps; ++k, nearest = std::nextafter(nearest, 1e9f)) {
+      a.push_back(nearest);
+    }
+    for (float v : a) {
+      for (int64_t j = 0; j < vocab; ++j) {
+        const float x = j < unit ? v : 0.0f;
+        const auto* bytes = reinterpret_cast<const unsigned char*>(&x);
+        rows.bytes.insert(rows.bytes.end(), bytes, bytes + 4);
+      }
+      rows.params.push_back(p);
+    }
+  }
+  rows.batch = static_cast<int64_t>(rows.params.size());
+  return rows;
+}
+
+// Level 1's margin on a real boundary (no extra margin): two chunks of tied tokens, chunk 0 at
+// logit a and chunk 1 at 0, so that chunk 0 holds a fraction sigmoid(a) of the mass; a swept
+// across the value a0 where that fraction is the row's u1 puts the target on either side of the
+// chunks' boundary: 41 steps of ~0.15 x the margin (3 x 2^-22 of the mass), out to ~3 x the
+// margin, and the 33 floats nearest a0 (~1e-8 of the mass apart, the float masses' own error:
+// with no margin, some of them take the wrong chunk for some of the 8 seeds). Rows within the
+// margin go to the oracle, the others not, and every token is the oracle's, on every path.
+TEST(FastCpuTopPTest, ATargetNearAChunkBoundaryFallsBackToTheOracleAndKeepsItsToken) {
+  constexpr int kSeeds = kSweepSeeds;
+  Rows rows =
+      SweepAcrossAUnitBoundary(kDrawChunk, 3, [](const ChunkedUniforms& u) { return u.u1; });
+  std::vector<int32_t> oracle, fast;
+  std::vector<RowStatus> oracle_status, fast_status;
+  CpuSampleRows(rows.Args(oracle, oracle_status), 0, rows.batch);
+  ASSERT_NE(std::count_if(oracle.begin(), oracle.end(), [](int32_t t) { return t < kDrawChunk; }),
+            0);
+  ASSERT_NE(std::count_if(oracle.begin(), oracle.end(), [](int32_t t) { return t >= kDrawChunk; }),
+            0);
+  FastCpuSampler::Options options;
+  options.threads = 2;
+  options.spin_us = 50;
+  FastCpuSampler sampler(options);
+  for (int path = 0; path < 3; ++path) {
+    const Paths paths(/*avx2=*/path < 2, /*avx512=*/path == 0);
+    const int64_t before = sampler.inverse_cdf_fallbacks();
+    ASSERT_TRUE(sampler.Sample(rows.Args(fast, fast_status)));
+    EXPECT_EQ(fast_status, oracle_status);
+    EXPECT_EQ(fast, oracle) << "path " << path;
+    // ~13 of each seed's 41 steps and all its 33 floats near a0 lie within the margin.
+    const int64_t fallbacks = sampler.inverse_cdf_fallbacks() - before;
+    EXPECT_GE(fallbacks, kSeeds * (33 + 9)) << "path " << path;
+    EXPECT_LE(fallbacks, kSeeds * (33 + 17)) << "path " << path;
+  }
+}
+
+// Level 2's two margins: one chunk of two segments of tied tokens, segment 0 at logit a and
+// segment 1 at 0, a swept across the value where segment 0's fraction of the mass is the row's
+// u2 (as the test above does for level 1). Targets within the float masses' margin of the
+// boundary take the double masses (PieceMass, within 2^-47) instead, whose margin none is
+// within: no row falls back to the oracle, and every token is the oracle's. A gather cap of 16
+// keeps the 64 tokens from being drawn as gathered candidates.
+TEST(FastCpuTopPTest, ATargetNearASegmentBoundaryTakesTheDoubleMassesAndKeepsTheOraclesToken) {
+  Rows rows =
+      SweepAcrossAUnitBoundary(kDrawSegment, 5, [](const ChunkedUniforms& u) { return u.u2; });
+  std::vector<int32_t> oracle, fast;
+  std::vector<RowStatus> oracle_status, fast_status;
+  CpuSampleRows(rows.Args(oracle, oracle_status), 0, rows.batch);
+  ASSERT_NE(std::count_if(oracle.begin(), oracle.end(), [](int32_t t) { return t < kDrawSegment; }),
+            0);
+  ASSERT_NE(
+      std::count_if(oracle.begin(), oracle.end(), [](int32_t t) { return t >= kDrawSegment; }), 0);
+  FastCpuSampler::Options options;
+  options.threads = 2;
+  options.spin_us = 50;
+  options.gather_cap = 16;
+  FastCpuSampler sampler(options);
+  for (int path = 0; path < 3; ++path) {
+    const Paths paths(/*avx2=*/path < 2, /*avx512=*/path == 0);
+    const int64_t before = sampler.inverse_cdf_fallbacks();
+    ASSERT_TRUE(sampler.Sample(rows.Args(fast, fast_status)));
+    EXPECT_EQ(fast_status, oracle_status);
+    EXPECT_EQ(fast, oracle) << "path " << path;
+    EXPECT_EQ(sampler.inverse_cdf_fallbacks() - before, 0) << "path " << path;
+  }
+}
+
+// A top-p-alone row z[0, V) (T = 1) with kept set z >= threshold, ready for FinishChunkedDraw:
+// its float piece sums taken once (ChunkedMassPieces over the whole row, one task).
+struct ChunkedRow {
+  ChunkedRow(std::vector<float> values, float threshold) : z(std::move(values)), keep(z.size()) {
+    const auto vocab = static_cast<int64_t>(z.size());
+    for (int64_t j = 0; j < vocab; ++j) keep[j] = z[j] >= threshold;
+    args.logits = z.data();
+    args.dtype = DType::kFp32;
+    args.batch = 1;
+    args.vocab = vocab;
+    args.row_stride = vocab;
+    r.plan = cpu_fast_internal::Plan::kChunkedDraw;
+    r.p = Params(1.0f, 0, 0.95f, 0.0f);
+    r.p.position = 11;
+    r.mx = *std::max_element(z.begin(), z.end());
+    r.top_p_alone = true;
+    r.draw_key = cpu_fast_internal::KeyOf(threshold);
+    cpu_fast_internal::StartChunkedDraw(r);
+    EXPECT_TRUE(cpu_fast_internal::ChunkedMassPieces(args, 0, 0, vocab, r));
+  }
+
+  // Draws with `seed`; true when the oracle's draw decided. The token is r.token.
+  bool Draw(uint64_t seed) {
+    r.p.seed = seed;
+    return cpu_fast_internal::FinishChunkedDraw(args, 0, 0.0, r);
+  }
+
+  int32_t OracleToken() const {
+    return ChunkedInverseCdfDraw(z.data(), keep.data(), args.vocab, r.mx, r.p);
+  }
+
+  std::vector<float> z;
+  std::vector<uint8_t> keep;
+  SampleArgs args;
+  cpu_fast_internal::RowState r;
+};
+
+// How often the chunked draw falls back to the oracle's, measured on its own code: one row of
+// V = 151,936 of each shape at top-p 0.95, its float piece sums taken once, then
+// FinishChunkedDraw for 20,000 seeds (20,000 uniform u1 and u2). Level 1's margin (3 x 2^-22 of
+// the mass on each side of ~19 boundaries) predicts ~3e-5 of rows; level 2's ~1e-9. The first
+// 200 seeds' tokens are checked against the oracle's ChunkedInverseCdfDraw.
+TEST(FastCpuTopPTest, TheChunkedDrawFallsBackOnFewRows) {
+  constexpr int64_t kVocab = 151936;
+  constexpr int kSeeds = 20000;
+  std::mt19937_64 rng(20261208);
+  int64_t fallbacks = 0;
+  int64_t draws = 0;
+  for (Shape shape : {Shape::kFlat, Shape::kBf16Rounded, Shape::kRandn}) {
+    std::vector<float> z(kVocab);
+    FillRow(shape, kVocab, rng, z.data());
+    const float mx = *std::max_element(z.begin(), z.end());
+    // The top-p 0.95 set: the largest z whose mass above it (itself included) reaches 0.95.
+    std::vector<float> sorted = z;
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    double total = 0.0;
+    for (float v : sorted) total += std::exp(static_cast<double>(v) - mx);
+    double above = 0.0;
+    float threshold = sorted.back();
+    for (float v : sorted) {
+      above += std::exp(static_cast<double>(v) - mx);
+      if (above >= 0.95 * total) {
+        threshold = v;
+        break;
+      }
+    }
+    ChunkedRow row(std::move(z), threshold);
+    for (int seed = 0; seed < kSeeds; ++seed) {
+      fallbacks += row.Draw(static_cast<uint64_t>(seed) * 0x9E3779B97F4A7C15u) ? 1 : 0;
+      ++draws;
+      if (seed < 200) {
+        ASSERT_EQ(row.r.token, row.OracleToken()) << Name(shape) << " seed " << seed;
+      }
+    }
+  }
+  RecordProperty("fallbacks", static_cast<int>(fallbacks));
+  RecordProperty("draws", static_cast<int>(draws));
+  EXPECT_LT(fallbacks, draws / 2000) << "fallbacks " << fallbacks << " of " << draws;
+}
+
+// Kept tokens more than 36 below the max (which top-p alone, p < 1, never keeps: their mass is
+// below 1 - p of the row's) are left out of the float sums and counted, their possible mass in
+// the margin: a row spread evenly over 50 logits with every token kept, V = 20,000 (a partial
+// chunk, a partial segment), on every path, gives the oracle's token.
+TEST(FastCpuTopPTest, KeptTokensFarBelowTheMaxAreLeftOutOfTheSumsWithinTheMargin) {
+  constexpr int64_t kVocab = 20000;
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<float> spread(-50.0f, 0.0f);
+  std::vector<float> z(kVocab);
+  for (float& v : z) v = spread(rng);
+  const float lowest = *std::min_element(z.begin(), z.end());
+  for (int path = 0; path < 3; ++path) {
+    const Paths paths(/*avx2=*/path < 2, /*avx512=*/path == 0);
+    ChunkedRow row(z, lowest);
+    int64_t left_out = 0;
+    for (const cpu_fast_internal::MassPiece& piece : row.r.pieces) left_out += piece.left_out;
+    EXPECT_EQ(left_out,
+              std::count_if(z.begin(), z.end(), [&](float v) { return v < row.r.skip_below; }));
+    EXPECT_GT(left_out, kVocab / 5);
+    int64_t fallbacks = 0;
+    for (uint64_t seed = 0; seed < 300; ++seed) {
+      fallbacks += row.Draw(seed * 0x9E3779B97F4A7C15u) ? 1 : 0;
+      ASSERT_EQ(row.r.token, row.OracleToken()) << "path " << path << " seed " << seed;
+    }
+    EXPECT_EQ(fallbacks, 0) << "path " << path;
   }
 }
 

@@ -28,6 +28,8 @@ using ::samplerd::kernels::testing::MaskAllowing;
 using ::samplerd::kernels::testing::Params;
 using ::samplerd::kernels::testing::Penalised;
 using ::samplerd::kernels::testing::RandomLogits;
+using ::samplerd::kernels::testing::ReferenceDraw;
+using ::samplerd::kernels::testing::ReferenceGumbelDraw;
 using ::samplerd::kernels::testing::ReferenceInverseCdfDraw;
 using ::samplerd::kernels::testing::RowResult;
 using ::samplerd::kernels::testing::SampleOne;
@@ -49,6 +51,21 @@ TEST(InverseCdfUniform, BitsMapExactlyOntoMultiplesOfTwoToTheMinus53) {
   EXPECT_EQ(UniformDoubleFromBits(0x80000000u, 0), 0.5);   // the top bit
   EXPECT_EQ(UniformDoubleFromBits(1, 0), 0x1.0p-32);       // hi's lowest bit
   EXPECT_EQ(UniformDoubleFromBits(0, 0xFFFFF800u), 0x1.0p-32 - 0x1.0p-53);
+}
+
+TEST(InverseCdfUniform, TheChunkedDrawsUniformsAreTheFourWordsOfTheRowsBlock) {
+  EXPECT_EQ(UniformFromWord(0), 0x1.0p-33);
+  EXPECT_EQ(UniformFromWord(0xFFFFFFFFu), 1.0 - 0x1.0p-33);
+  for (uint64_t seed : {uint64_t{0}, uint64_t{42}, ~uint64_t{0}}) {
+    for (uint64_t position : {uint64_t{0}, uint64_t{1} << 40}) {
+      const PhiloxCounter out =
+          Philox4x32x10(PhiloxCounterFor(position, kRowUniformToken), PhiloxKeyFromSeed(seed));
+      const ChunkedUniforms u = RowChunkedUniforms(seed, position);
+      EXPECT_EQ(u.u1, RowUniform(seed, position));
+      EXPECT_EQ(u.u2, UniformFromWord(out.word[2]));
+      EXPECT_EQ(u.u3, UniformFromWord(out.word[3]));
+    }
+  }
 }
 
 TEST(InverseCdfUniform, RowUniformIsWordsZeroAndOneOfTheRowsOwnPhiloxBlock) {
@@ -226,6 +243,33 @@ TEST(InverseCdfDraw, PlainRowsKeepTheirProcessedLogprobs) {
   EXPECT_FLOAT_EQ(r.top_values[2], static_cast<float>(-3.0 - std::log(sum)));
   EXPECT_EQ(r.top_values[3], -kInf);
   EXPECT_EQ(r.token, Draw(x, Params(0.5f, 18, 3)));
+}
+
+// ---- The chunked draw of top-p-alone rows -------------------------------------------------
+
+TEST(ChunkedInverseCdfDraw, TheOracleIsTheReferenceOnRowsOfOneToSeveralChunks) {
+  for (size_t n : {size_t{50}, size_t{8192}, size_t{8193}, size_t{8448}}) {
+    const std::vector<float> x = RandomLogits(n, 131 + static_cast<uint32_t>(n), -3.0f, 3.0f);
+    for (float top_p : {0.3f, 0.95f}) {
+      for (uint64_t position = 0; position < 6; ++position) {
+        RowParams p = Params(0.7f, 132, position);
+        p.top_p = top_p;
+        ASSERT_EQ(SampleOne(x, p).token, ReferenceDraw(x, p))
+            << "n " << n << " top_p " << top_p << " position " << position;
+      }
+    }
+  }
+}
+
+TEST(ChunkedInverseCdfDraw, ATopPRowWithAnotherFilterKeepsTheGumbelDraw) {
+  const std::vector<float> x = RandomLogits(300, 141);
+  RowParams p = Params(1.0f, 142);
+  p.top_p = 0.9f;
+  p.top_k = 100;
+  for (uint64_t position = 0; position < 20; ++position) {
+    p.position = position;
+    EXPECT_EQ(SampleOne(x, p).token, ReferenceGumbelDraw(x, p));
+  }
 }
 
 }  // namespace

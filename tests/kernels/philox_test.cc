@@ -82,36 +82,6 @@ TEST(Philox, UniformIsTheCentreOfOneOf2To23Bins) {
   }
 }
 
-TEST(Philox, UniformBitsFloorNeverDropsBitsWhoseUniformReachesTheFloor) {
-  EXPECT_EQ(UniformBitsFloor(0.0f), 0u);
-  EXPECT_EQ(UniformBitsFloor(-1.0f), 0u);
-  EXPECT_EQ(UniformBitsFloor(std::nanf("")), 0u);
-  EXPECT_EQ(UniformBitsFloor(2.0f), 8388607u << 9);
-  // At every bin centre and just above and below it: the bits of the first bin whose uniform
-  // reaches the floor pass, and at most two bins below it pass as well.
-  for (uint32_t bin = 0; bin < (1u << 23); bin += 997) {
-    const float centre = UniformFromBits(bin << 9);
-    for (const float u : {std::nextafter(centre, 0.0f), centre, std::nextafter(centre, 1.0f)}) {
-      const uint32_t floor_bits = UniformBitsFloor(u);
-      const uint32_t first = u <= centre ? bin : bin + 1;  // the first bin reaching u
-      ASSERT_LE(floor_bits, first << 9) << "u " << u << " bin " << bin;
-      ASSERT_GE(floor_bits >> 9, first >= 2 ? first - 2 : 0) << "u " << u << " bin " << bin;
-      EXPECT_EQ(floor_bits & 0x1ffu, 0u);
-    }
-  }
-  // Random bits against random floors: never a bits that reaches the floor and is dropped.
-  uint32_t state = 12345u;
-  for (int i = 0; i < 1 << 20; ++i) {
-    state = state * 1664525u + 1013904223u;
-    const uint32_t bits = state;
-    state = state * 1664525u + 1013904223u;
-    const float u = UniformFromBits(state) * 1.001f;
-    if (UniformFromBits(bits) >= u) {
-      ASSERT_GE(bits, UniformBitsFloor(u)) << bits << " " << u;
-    }
-  }
-}
-
 TEST(Philox, UniformIsStrictlyInsideTheUnitIntervalWithUniformMoments) {
   double sum = 0.0;
   double sum_sq = 0.0;

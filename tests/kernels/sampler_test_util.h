@@ -233,13 +233,52 @@ inline int32_t ReferenceInverseCdfDraw(const std::vector<float>& x, const RowPar
   return last;
 }
 
+// The token the chunked inverse-CDF draw of a top-p-alone row returns (finite max z), written
+// from kernels/common/inverse_cdf.h without the oracle's code: every kept token's mass first,
+// then each level's unit weights and their running sums.
+inline int32_t ReferenceChunkedDraw(const std::vector<float>& x, const RowParams& p) {
+  const std::vector<bool> keep = ReferenceSupport(x, p);
+  const std::vector<float> z = Scaled(x, p.temperature);
+  const double z_max = *std::max_element(z.begin(), z.end());
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<double> mass(x.size());
+  for (int64_t j = 0; j < n; ++j) mass[j] = keep[j] ? std::exp(double{z[j]} - z_max) : 0.0;
+  const ChunkedUniforms u = RowChunkedUniforms(p.seed, p.position);
+  // Units [begin, end) of `unit` tokens: the first token of the chosen one.
+  auto level = [&](int64_t begin, int64_t end, int64_t unit, double uniform) {
+    std::vector<double> weight;
+    for (int64_t first = begin; first < end; first += unit) {
+      double w = 0.0;
+      for (int64_t j = first; j < std::min(end, first + unit); ++j) w += mass[j];
+      weight.push_back(w);
+    }
+    double total = 0.0;
+    for (double w : weight) total += w;
+    double running = 0.0;
+    int64_t last = -1;
+    for (size_t k = 0; k < weight.size(); ++k) {
+      if (weight[k] == 0.0) continue;
+      running += weight[k];
+      const int64_t first = begin + static_cast<int64_t>(k) * unit;
+      if (running > uniform * total) return first;
+      last = first;
+    }
+    return last;
+  };
+  const int64_t chunk = level(0, n, kDrawChunk, u.u1);
+  const int64_t chunk_end = std::min(n, chunk + kDrawChunk);
+  const int64_t segment = level(chunk, chunk_end, kDrawSegment, u.u2);
+  return static_cast<int32_t>(level(segment, std::min(chunk_end, segment + kDrawSegment), 1, u.u3));
+}
+
 // The token the sampler must return for a non-greedy row without NaN: the inverse-CDF draw for
-// plain-temperature rows with a finite max z, else the Gumbel-max draw (DESIGN.md step 6).
+// plain-temperature rows with a finite max z, the chunked inverse-CDF draw for top-p-alone rows
+// with a finite max z, else the Gumbel-max draw (DESIGN.md step 6).
 inline int32_t ReferenceDraw(const std::vector<float>& x, const RowParams& p) {
   const int64_t n = static_cast<int64_t>(x.size());
-  if (IsPlainTemperature(p, n) && !TopTiesRow(Scaled(x, p.temperature))) {
-    return ReferenceInverseCdfDraw(x, p);
-  }
+  const bool top_ties = TopTiesRow(Scaled(x, p.temperature));
+  if (IsPlainTemperature(p, n) && !top_ties) return ReferenceInverseCdfDraw(x, p);
+  if (IsTopPAlone(p, n) && !top_ties) return ReferenceChunkedDraw(x, p);
   return ReferenceGumbelDraw(x, p);
 }
 
