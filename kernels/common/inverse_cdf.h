@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
-#include <math.h>  // exp; the GPU compilers declare it for host and device themselves.
+#include <math.h>  // exp, floorf; the GPU compilers declare it for host and device themselves.
 #endif
 
 #include "kernels/common/host_device.h"
@@ -73,18 +73,29 @@ SAMPLERD_HOST_DEVICE inline double InverseCdfMass(float x, double reference, dou
   return exp((static_cast<double>(x) - reference) * inv_t);
 }
 
-// ---- Top-p alone: the chunked inverse-CDF draw (kernels v47) -------------------------------
+// ---- Top-p alone: the chunked inverse-CDF draw (kernels v47, level 0 v48) ------------------
 //
 // A row whose only filter is top-p (IsTopPAlone above) with a finite max z
-// draws from its kept set K (select.h's rule, unchanged) in three levels, each the same rule:
+// draws from its kept set K (select.h's rule, unchanged) in four levels:
 //   m_j      = exp(double(z_j) - double(z_max)) for j in K, else 0       (KeptMass; z = x / T)
+//   level 0  K's head H and tail T: b = DrawBin(z_c), z_c the lowest z of K; H = the tokens of K
+//            with DrawBin(z_j) > b, T = the rest of K (never empty: it holds z_c). W_H and W_T
+//            are their m_j summed in index order (double); the part is H iff
+//            u0 x (W_H + W_T) < W_H (HeadIsDrawn), else T. Levels 1-3 then draw from that part
+//            alone (m_j = 0 outside it), each by the same rule:
 //   level 1  the units are chunks of kDrawChunk tokens of the row, u = u1;
 //   level 2  the units are segments of kDrawSegment tokens of the chosen chunk, u = u2;
 //   level 3  the units are the tokens of the chosen segment, u = u3;
 //   at each level: a unit's weight is the sum of its m_j in index order (double); the total is
 //   the sum of the weights in unit order; the chosen unit is the lowest whose running weight is
 //   > u x total, or, if rounding leaves none, the last unit of weight > 0.
-// P(j) = W_chunk / W x W_segment / W_chunk x m_j / W_segment = m_j / W: the softmax of z over K.
+// P(j) = W_part / W x W_chunk / W_part x W_segment / W_chunk x m_j / W_segment = m_j / W: the
+// softmax of z over K (W = W_H + W_T).
+// Why level 0: T is K's part of the bin where the top-p cut falls. A backend that bins the row's
+// masses in one pass knows each chunk's W_H share and an upper bound on W_T (the whole bin's mass)
+// from that pass alone; when u0 x (W_H + that bound) < W_H, H is drawn for certain and the row is
+// never read again to find the cut (kernels/gpu/mass_plan.h), which is most rows: the cut's bin
+// (1/8 logit) holds a few percent of K's mass on dense rows.
 // Each level needs its weights only to the precision of its own boundaries, so a backend may
 // take the chunk and segment weights from cheaper sums (fixed point, float exps) and compute
 // exact double masses for one segment only; its token then differs from these exact sums only
@@ -97,19 +108,40 @@ SAMPLERD_HOST_DEVICE inline double UniformFromWord(uint32_t w) {
   return (static_cast<double>(w) + 0.5) * 0x1.0p-32;
 }
 
-// The three uniforms: u1 from words 0 and 1 of the row's Philox block (RowUniform's), u2 from
-// word 2, u3 from word 3.
+// The Philox token index of level 0's uniform: block 2^62 - 2, the block before the row
+// uniform's, which no token of a row reaches either.
+inline constexpr uint64_t kRowPartToken = ~uint64_t{0} - 7;
+
+// The four uniforms: u1 from words 0 and 1 of the row's Philox block (RowUniform's), u2 from
+// word 2, u3 from word 3; u0 from word 0 of the block at kRowPartToken.
 struct ChunkedUniforms {
+  double u0;
   double u1;
   double u2;
   double u3;
 };
 
+// u0 alone (the GPU's plan decides level 0 before the other levels run).
+SAMPLERD_HOST_DEVICE inline double RowPartUniform(uint64_t seed, uint64_t position) {
+  return UniformFromWord(
+      Philox4x32x10(PhiloxCounterFor(position, kRowPartToken), PhiloxKeyFromSeed(seed)).word[0]);
+}
+
 SAMPLERD_HOST_DEVICE inline ChunkedUniforms RowChunkedUniforms(uint64_t seed, uint64_t position) {
   const PhiloxCounter out =
       Philox4x32x10(PhiloxCounterFor(position, kRowUniformToken), PhiloxKeyFromSeed(seed));
-  return {UniformDoubleFromBits(out.word[0], out.word[1]), UniformFromWord(out.word[2]),
-          UniformFromWord(out.word[3])};
+  return {RowPartUniform(seed, position), UniformDoubleFromBits(out.word[0], out.word[1]),
+          UniformFromWord(out.word[2]), UniformFromWord(out.word[3])};
+}
+
+// Level 0's bins: floor(kDrawBinsPerLogit x z), exact in fp32 (x 8 is) for |z| < 2^21.
+inline constexpr float kDrawBinsPerLogit = 8.0f;
+
+SAMPLERD_HOST_DEVICE inline float DrawBin(float z) { return floorf(z * kDrawBinsPerLogit); }
+
+// Level 0's rule: the head is drawn iff u0 x (W_H + W_T) < W_H.
+SAMPLERD_HOST_DEVICE inline bool HeadIsDrawn(double w_head, double w_tail, double u0) {
+  return u0 * (w_head + w_tail) < w_head;
 }
 
 // m_j of a kept token: exp(z - z_max) in double (z <= z_max, both finite).

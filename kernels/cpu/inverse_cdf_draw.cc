@@ -58,8 +58,22 @@ int64_t ChooseUnit(int64_t begin, int64_t end, int64_t unit, double u, const Mas
 int32_t ChunkedInverseCdfDraw(const float* z, const uint8_t* keep, int64_t n, float z_max,
                               const RowParams& p) {
   const double reference = z_max;
-  auto mass = [&](int64_t j) { return keep[j] ? KeptMass(z[j], reference) : 0.0; };
   const ChunkedUniforms u = RowChunkedUniforms(p.seed, p.position);
+  // Level 0: the head (K's tokens above the bin of its lowest z) or the tail.
+  float z_low = z_max;
+  for (int64_t j = 0; j < n; ++j) {
+    if (keep[j] && z[j] < z_low) z_low = z[j];
+  }
+  const float low_bin = DrawBin(z_low);
+  double w_head = 0.0, w_tail = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (!keep[j]) continue;
+    (DrawBin(z[j]) > low_bin ? w_head : w_tail) += KeptMass(z[j], reference);
+  }
+  const bool head = HeadIsDrawn(w_head, w_tail, u.u0);
+  auto mass = [&](int64_t j) {
+    return keep[j] && (DrawBin(z[j]) > low_bin) == head ? KeptMass(z[j], reference) : 0.0;
+  };
   const int64_t chunk = ChooseUnit(0, n, kDrawChunk, u.u1, mass);
   const int64_t chunk_end = std::min(n, chunk + kDrawChunk);
   const int64_t segment = ChooseUnit(chunk, chunk_end, kDrawSegment, u.u2, mass);

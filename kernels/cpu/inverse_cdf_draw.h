@@ -20,8 +20,8 @@ int32_t InverseCdfDraw(const float* x, int64_t n, const RowParams& p);
 
 // The token of the chunked inverse-CDF draw of a top-p-alone row (kernels/common/inverse_cdf.h):
 // z[0, n) the row's x / T, keep[j] != 0 for the kept set K (non-empty), z_max the row's max z
-// (finite, in K). Never returns a token outside K. Cost: one exp per token of the row, and one
-// per token of the chosen chunk and segment again.
+// (finite, in K). Never returns a token outside K. Cost: two exps per kept token of the row
+// (level 0, then level 1), and one per token of the chosen chunk and segment again.
 int32_t ChunkedInverseCdfDraw(const float* z, const uint8_t* keep, int64_t n, float z_max,
                               const RowParams& p);
 

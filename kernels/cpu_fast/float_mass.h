@@ -1,6 +1,6 @@
-// Levels 1 and 2 of the chunked draw's masses in float (chunked_draw.h): m'_j = exp(z_j - z_max)
+// Levels 0-2 of the chunked draw's masses in float (chunked_draw.h): m'_j = exp(z_j - z_max)
 // for a kept token, z_j in [z_max - 40, z_max], within kFloatMassError of the oracle's KeptMass
-// (kernels/common/inverse_cdf.h), 16 lanes a step with AVX-512, 8 with AVX2. Levels 1 and 2
+// (kernels/common/inverse_cdf.h), 16 lanes a step with AVX-512, 8 with AVX2. Levels 0-2
 // need their weights only to pick a unit; their margins (FinishChunkedDraw) cover this error,
 // and the exact-precision double exp of inverse_cdf_pass.h cost ~3x as much per token
 // (HOST_PLANE_RESULTS "Run 11": level 1 was most of the chunked draw's 110-179 µs at V =
@@ -34,7 +34,8 @@
 // mass exp(double(z) - z_max) is within 42 x 2^-53 of e^d (the double subtraction, glibc's exp),
 // so |m' - m| < 2.3 u m + 5e-15 m. The vector sums add two tokens' masses in float before
 // widening to double (one more rounding, < u of the pair): a term of a sum then carries < 3.3 u,
-// and kFloatMassError = 4 u covers it. Checked against std::exp over a sweep in
+// and kFloatMassError = 4 u covers it. (The dense pieces' tail sums add more in float:
+// kTailMassError, chunk_weights.h.) Checked against std::exp over a sweep in
 // tests/kernels/fast_cpu_sampler_test.cc (FloatMassesAreWithinTheirProvenBoundOfStdExp).
 #ifndef SAMPLERD_KERNELS_CPU_FAST_FLOAT_MASS_H_
 #define SAMPLERD_KERNELS_CPU_FAST_FLOAT_MASS_H_

@@ -76,12 +76,14 @@ struct Candidate {
   int32_t id;
 };
 
-// The mass sum of tokens [begin, end) of a plain-temperature row (inverse_cdf_pass.h).
+// The mass sum of tokens [begin, end) of a plain-temperature row (inverse_cdf_pass.h), or of a
+// top-p-alone row's kept set (chunked_draw.h: `mass` its head's, `tail` its tail's).
 struct MassPiece {
   int64_t begin;
   int64_t end;
-  double mass;       // of the tokens kept
-  int64_t left_out;  // tokens left out of `mass` (x < RowState::skip_below)
+  double mass;        // of the tokens kept (a chunked row: those of the head, z >= head_from)
+  int64_t left_out;   // tokens left out of the sums (x < RowState::skip_below)
+  double tail = 0.0;  // a chunked row: of the tail's tokens kept (z < head_from)
 };
 
 // Chunk tasks of one row lock `mu` to merge their results into it (a spin lock: spin_mutex.h);
@@ -134,10 +136,12 @@ struct RowState {
   // Plan::kInverseCdf (inverse_cdf_pass.h): 1 / T; tokens with x < skip_below are left out of
   // the sums, each with a mass <= skip_bound; the mass sums of the row's pieces, in no order.
   // Plan::kChunkedDraw (chunked_draw.h) the same over z = x / T (`scaled`; top_x = mx, inv_t =
-  // 1) and over the kept set only, z >= keep_from (-inf: every token).
+  // 1) and over the kept set only, z >= keep_from (-inf: every token), its head (z >=
+  // head_from, the tokens above the bin of keep_from) and its tail (below) summed apart.
   double inv_t = 0.0;
   bool scaled = false;
   float keep_from = -kInf;
+  float head_from = kInf;
   float skip_below = -kInf;
   double skip_bound = 0.0;
   std::vector<MassPiece> pieces;

@@ -1,14 +1,17 @@
-// v47 (an experiment): the chunked inverse-CDF draw of a top-p-alone row (the definition:
-// kernels/common/inverse_cdf.h), finished by the row's last MassDrawKernel block once pass 2 has
-// listed the boundary bin's tokens (mass_draw.h):
-//   1. each chunk's kept mass in the histogram's fixed point: the bins of pass 1's histogram
-//      above the boundary bin (ChunkBinWeightAbove, by pass 2), plus the kept boundary
-//      tokens, attributed while the list is cut (CutAndAttribute); scaled by the chunk's scale,
+// The chunked inverse-CDF draw of a top-p-alone row (the definition: kernels/common/inverse_cdf.h;
+// v47, level 0 v48). On the kHeadDraw plan (level 0 decided by the plan) one MassDrawKernel block
+// draws from the head (HeadDrawToken); otherwise the row's last MassDrawKernel block finishes it
+// once pass 2 has listed the boundary bin's tokens (mass_draw.h, ChunkedDrawToken):
+//   0. the cut keeps a prefix of the boundary list: those tokens are the tail, attributed to
+//      their chunks while the list is cut (CutAndAttribute); the head's chunk weights are the
+//      bins of pass 1's histogram above the boundary bin (ChunkBinWeightAbove, by pass 2);
+//      u0 against the two totals picks the part (ChoosePart);
+//   1. the part's chunk weights, in the histogram's fixed point scaled by the chunk's scale,
 //      scanned in chunk order by one wave against u1 (ChooseChunk);
 //   2. the chosen chunk read again, 32 consecutive tokens a thread (thread t: segment t), float
 //      masses summed in double, a block scan, the segment where u2 x the chunk's total falls;
 //   3. that segment's 32 masses exactly (KeptMass, as the oracle), a token a lane, against u3.
-// Levels 1 and 2 use approximate weights (~1e-6 and ~2e-7 relative): the token differs from the
+// Levels 0-2 use approximate weights (~1e-6 and ~2e-7 relative): the token differs from the
 // oracle's only when a target lies that close to a boundary between two units.
 #ifndef SAMPLERD_KERNELS_GPU_CHUNKED_DRAW_H_
 #define SAMPLERD_KERNELS_GPU_CHUNKED_DRAW_H_
@@ -31,6 +34,7 @@ struct ChunkedDrawShared {
     double share[kMaxStagedChunks];               // the same, exact (the one-block draw)
   };
   int chunk;         // the chosen chunk
+  bool head;         // level 0: the head is drawn
   uint32_t segment;  // the chosen segment (atomicMin)
   int last_segment;  // the last segment with weight (atomicMax)
   int64_t token;
@@ -142,8 +146,8 @@ __device__ int64_t DrawInChunk(const void* row_ptr, const RowProcessors& procs, 
 }
 
 // The chunked draw of a row finished by one block (logprobs, or a row the mass path cannot
-// take): every level from the row itself, level 1 with exact double masses (a fixed block
-// reduction a chunk). `keeps(x, z)`: the kept set. Every thread must call.
+// take): every level from the row itself, levels 0 and 1 with exact double masses (a fixed block
+// reduction a chunk and part). `keeps(x, z)`: the kept set. Every thread must call.
 template <DType kDType, int kThreads, class Keeps, class Fallback>
 __device__ int64_t OneBlockChunkedDraw(const void* row_ptr, const RowProcessors& procs, int64_t row,
                                        int64_t vocab, float z_max, float temperature,
@@ -151,36 +155,82 @@ __device__ int64_t OneBlockChunkedDraw(const void* row_ptr, const RowProcessors&
                                        const Fallback& fallback, ChunkedDrawShared& sh,
                                        typename BlockReduce<kThreads>::Storage& reduce) {
   constexpr int kSegment = static_cast<int>(kDrawSegment);
+  constexpr int kHalf = kMaxStagedChunks / 2;
   const bool unit_temperature = temperature == 1.0f;
   const double reference = z_max;
   const ChunkedUniforms u = RowChunkedUniforms(params.seed, params.position);
   const int chunks = static_cast<int>((vocab + kChunk - 1) / kChunk);
-  for (int c = 0; c < chunks; ++c) {
-    const int64_t chunk_begin = static_cast<int64_t>(c) * kChunk;
-    const int64_t end = chunk_begin + kChunk < vocab ? chunk_begin + kChunk : vocab;
-    const int64_t begin = chunk_begin + static_cast<int64_t>(threadIdx.x) * kSegment;
-    double mine = 0.0;
-    for (int k = 0; k < kSegment && begin + k < end; ++k) {
-      float x = LoadLogit<kDType>(row_ptr, begin + k);
-      if (procs.active()) x = procs.Apply(row, begin + k, x);
-      const float z = unit_temperature ? x : x / temperature;
-      if (keeps(x, z)) mine += KeptMass(z, reference);
-    }
-    double total = 0.0;
-    BlockReduce<kThreads>::ExclusiveScanF64(reduce, mine, &total);
-    if (threadIdx.x == 0) sh.share[c] = total;
+  auto processed = [&](int64_t j) {
+    const float x = LoadLogit<kDType>(row_ptr, j);
+    return procs.active() ? procs.Apply(row, j, x) : x;
+  };
+  // Level 0 (v48): the bin of the kept set's lowest z splits it into a head above that bin and
+  // a tail.
+  float low = kInfF;
+  for (int64_t j = threadIdx.x; j < vocab; j += kThreads) {
+    const float x = processed(j);
+    const float z = unit_temperature ? x : x / temperature;
+    if (keeps(x, z)) low = fminf(low, z);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  const float low_bin = DrawBin(BlockReduce<kThreads>::Min(reduce, low));
+  // Each chunk's head share to sh.share[head_at + c], its tail share to sh.share[tail_at + c]
+  // (a negative offset: not stored).
+  auto shares = [&](int head_at, int tail_at) {
+    for (int c = 0; c < chunks; ++c) {
+      const int64_t chunk_begin = static_cast<int64_t>(c) * kChunk;
+      const int64_t end = chunk_begin + kChunk < vocab ? chunk_begin + kChunk : vocab;
+      const int64_t begin = chunk_begin + static_cast<int64_t>(threadIdx.x) * kSegment;
+      double head = 0.0, tail = 0.0;
+      for (int k = 0; k < kSegment && begin + k < end; ++k) {
+        const float x = processed(begin + k);
+        const float z = unit_temperature ? x : x / temperature;
+        if (!keeps(x, z)) continue;
+        (DrawBin(z) > low_bin ? head : tail) += KeptMass(z, reference);
+      }
+      double total = 0.0;
+      if (head_at >= 0) {
+        BlockReduce<kThreads>::ExclusiveScanF64(reduce, head, &total);
+        if (threadIdx.x == 0) sh.share[head_at + c] = total;
+      }
+      if (tail_at >= 0) {
+        BlockReduce<kThreads>::ExclusiveScanF64(reduce, tail, &total);
+        if (threadIdx.x == 0) sh.share[tail_at + c] = total;
+      }
+    }
+    __syncthreads();
+  };
+  auto sum = [&](int at) {
     double total = 0.0;
-    for (int c = 0; c < chunks; ++c) total += sh.share[c];
+    for (int c = 0; c < chunks; ++c) total += sh.share[at + c];
+    return total;
+  };
+  int at = 0;  // where the chosen part's shares are
+  if (chunks <= kHalf) {
+    shares(0, kHalf);
+    if (threadIdx.x == 0) sh.head = HeadIsDrawn(sum(0), sum(kHalf), u.u0);
+    __syncthreads();
+    at = sh.head ? 0 : kHalf;
+  } else {  // both do not fit: one part at a time
+    shares(0, -1);
+    double w_head = 0.0;
+    if (threadIdx.x == 0) w_head = sum(0);
+    __syncthreads();
+    shares(-1, 0);
+    if (threadIdx.x == 0) sh.head = HeadIsDrawn(w_head, sum(0), u.u0);
+    __syncthreads();
+    if (sh.head) shares(0, -1);
+  }
+  const bool head_drawn = sh.head;
+  if (threadIdx.x == 0) {
+    const double total = sum(at);
     const double target = u.u1 * total;
     double running = 0.0;
     int chosen = -1, last = -1;
 #pragma unroll 1
     for (int c = 0; c < chunks; ++c) {
-      if (!(sh.share[c] > 0.0)) continue;
-      running += sh.share[c];
+      const double w = sh.share[at + c];
+      if (!(w > 0.0)) continue;
+      running += w;
       last = c;
       if (running > target) {
         chosen = c;
@@ -192,22 +242,26 @@ __device__ int64_t OneBlockChunkedDraw(const void* row_ptr, const RowProcessors&
   __syncthreads();
   const int chunk = sh.chunk;
   if (chunk < 0) return fallback();
-  return DrawInChunk<kDType, kThreads>(row_ptr, procs, row, vocab, chunk, z_max, temperature, keeps,
-                                       u, fallback, sh, reduce);
+  auto keeps_part = [&](float x, float z) {
+    return keeps(x, z) && (DrawBin(z) > low_bin) == head_drawn;
+  };
+  return DrawInChunk<kDType, kThreads>(row_ptr, procs, row, vocab, chunk, z_max, temperature,
+                                       keeps_part, u, fallback, sh, reduce);
 }
 
-// Level 1's weights, part 1: this thread's share of chunk `chunk`'s bins of pass 1's histogram
-// above the boundary bin, in the histogram's fixed point (the block's sum is the chunk's weight).
-template <int kThreads>
+// The head's level-1 weight of chunk `chunk` (its bins of pass 1's histogram above the boundary
+// bin, in the histogram's fixed point): this caller's share, bins first, first + stride, ...
+// (the sum over the callers that cover every bin is the chunk's weight).
 __device__ __forceinline__ uint64_t ChunkBinWeightAbove(const MassWorkspace& ws,
                                                         const MassPlan& plan, int64_t row,
                                                         int chunks, int chunk,
-                                                        const ChunkStats* row_stats) {
+                                                        const ChunkStats* row_stats, int first,
+                                                        int stride) {
   // The row bin of the chunk's bin 0, as PlanMassRow offsets the chunk's histogram.
   const float shift = plan.row_top - floorf(row_stats[chunk].max_z * kMassBinsPerLogit);
   const int64_t base = (row * chunks + chunk) * static_cast<int64_t>(kMassBins);
   uint64_t mine = 0;
-  for (int i = threadIdx.x; i < kMassBins; i += kThreads) {
+  for (int i = first; i < kMassBins; i += stride) {
     if (!(shift + static_cast<float>(i) < static_cast<float>(plan.boundary_bin))) continue;
     mine += (static_cast<uint64_t>(ws.hist_hi[base + i]) << 16) + ws.hist_lo[base + i];
   }
@@ -373,6 +427,39 @@ __device__ uint64_t CutAndAttribute(const MassWorkspace& ws, const MassPlan& pla
   return key_from != kNone ? key_from : lowest_above;
 }
 
+// A chunk's level-1 weight in the plan's mass units.
+__device__ __forceinline__ double ChunkWeight(unsigned long long fixed, double scale) {
+  return static_cast<double>(fixed) * scale;
+}
+
+// Level 0 of a two-pass row (v48), once the cut has put the tail's weights in sh.weight: the
+// head's weights are the histogram's (`head`, by pass 2's first blocks). The part is the head iff
+// u0 x (W_H + W_T) < W_H (HeadIsDrawn); sh.weight then gets the head's weights. Every thread must
+// call; every thread gets the part.
+template <int kThreads>
+__device__ bool ChoosePart(int chunks, const double* chunk_scale,
+                           const volatile unsigned long long* head, double u0,
+                           ChunkedDrawShared& sh) {
+  __syncthreads();  // the cut's attribution is done
+  if (threadIdx.x < static_cast<unsigned>(kWaveSize)) {
+    double w_head = 0.0, w_tail = 0.0;
+    for (int c = threadIdx.x; c < chunks; c += kWaveSize) {
+      w_head += ChunkWeight(head[c], chunk_scale[c]);
+      w_tail += ChunkWeight(sh.weight[c], chunk_scale[c]);
+    }
+    w_head = WaveSumF64(w_head);
+    w_tail = WaveSumF64(w_tail);
+    if (threadIdx.x == 0) sh.head = HeadIsDrawn(w_head, w_tail, u0);
+  }
+  __syncthreads();
+  const bool head_drawn = sh.head;
+  if (head_drawn) {
+    for (int c = threadIdx.x; c < chunks; c += kThreads) sh.weight[c] = head[c];
+  }
+  __syncthreads();
+  return head_drawn;
+}
+
 // Level 1 by wave 0: a chunk a lane, the running weights by a wave scan (a fixed tree: the same
 // bits on every run), chunk groups of kWaveSize in order; the chosen chunk is the lowest whose
 // running weight passes u1 x the total, else the last of weight > 0 (v47i: thread 0 walked the
@@ -384,7 +471,7 @@ __device__ int ChooseChunk(int chunks, const double* chunk_scale, double u1,
     const int lane = static_cast<int>(threadIdx.x);
     auto inclusive = [&](int c0, double* w) {
       const int c = c0 + lane;
-      *w = c < chunks ? static_cast<double>(sh.weight[c]) * chunk_scale[c] : 0.0;
+      *w = c < chunks ? ChunkWeight(sh.weight[c], chunk_scale[c]) : 0.0;
       double v = *w;
       for (int o = 1; o < kWaveSize; o <<= 1) {
         const double up = __shfl_up(v, o, kWaveSize);
@@ -420,21 +507,53 @@ __device__ int64_t ChunkedDrawToken(
     const MassWorkspace& ws, const MassPlan& plan, int64_t row, int chunks, const void* row_ptr,
     const RowProcessors& procs, int64_t vocab, const float* chunk_max, const double* chunk_scale,
     int n, const volatile uint32_t* list_key, const volatile int32_t* list_index,
-    const RowParams& params, const Fallback& fallback, SelectStorage& s, ChunkedDrawShared& sh,
+    const volatile unsigned long long* head_weight, const RowParams& params,
+    const Fallback& fallback, SelectStorage& s, ChunkedDrawShared& sh,
     typename BlockReduce<kThreads>::Storage& reduce) {
   static_assert(kChunk == kDrawChunk, "the GPU's chunks are the definition's");
-  // Each thread's uniforms first: their Philox block overlaps the loads below.
+  // Each thread's uniforms first: their Philox blocks overlap the loads below.
   const ChunkedUniforms u = RowChunkedUniforms(params.seed, params.position);
   const uint64_t key_from = CutAndAttribute<kThreads>(ws, plan, row, n, list_key, list_index,
                                                       chunk_max, chunk_scale, s, sh, reduce);
+  const bool head = ChoosePart<kThreads>(chunks, chunk_scale, head_weight, u.u0, sh);
   const int chunk = ChooseChunk<kThreads>(chunks, chunk_scale, u.u1, sh);
   if (chunk < 0) return fallback();  // no kept mass: cannot happen on a two-pass plan
-  // Kept: above the boundary bin, or a boundary token at or above the cut (only boundary tokens
-  // reach key_from: it is one of theirs).
+  // The head: above the boundary bin. The tail: a boundary token at or above the cut (only
+  // boundary tokens reach key_from: it is one of theirs).
   const float kept_from_x = plan.kept_from_x;
-  auto keeps = [kept_from_x, key_from](float x, float z) {
-    return x >= kept_from_x || static_cast<uint64_t>(OrderedKey(z)) >= key_from;
+  auto keeps = [head, kept_from_x, key_from](float x, float z) {
+    return head ? x >= kept_from_x
+                : x < kept_from_x && static_cast<uint64_t>(OrderedKey(z)) >= key_from;
   };
+  return DrawInChunk<kDType, kThreads>(row_ptr, procs, row, vocab, chunk, plan.row_max,
+                                       params.temperature, keeps, u, fallback, sh, reduce);
+}
+
+// The token of a top-p-alone row on the kHeadDraw plan (v48: level 0 took the head before pass
+// 2): levels 1-3 over the tokens above the boundary bin, the chunks' weights from pass 1's
+// histograms, a chunk a wave. `chunk_max` / `chunk_scale`: staged. Every thread of the block
+// must call; every thread gets the token.
+template <DType kDType, int kThreads, class Fallback>
+__device__ int64_t HeadDrawToken(const MassWorkspace& ws, const MassPlan& plan, int64_t row,
+                                 int chunks, const void* row_ptr, const RowProcessors& procs,
+                                 int64_t vocab, const ChunkStats* row_stats,
+                                 const double* chunk_scale, const RowParams& params,
+                                 const Fallback& fallback, ChunkedDrawShared& sh,
+                                 typename BlockReduce<kThreads>::Storage& reduce) {
+  const ChunkedUniforms u = RowChunkedUniforms(params.seed, params.position);
+  const int wave = static_cast<int>(threadIdx.x) / kWaveSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWaveSize;
+  const int waves = kThreads / kWaveSize;
+  for (int c = wave; c < chunks; c += waves) {
+    const uint64_t w =
+        WaveSumU64(ChunkBinWeightAbove(ws, plan, row, chunks, c, row_stats, lane, kWaveSize));
+    if (lane == 0) sh.weight[c] = w;
+  }
+  __syncthreads();
+  const int chunk = ChooseChunk<kThreads>(chunks, chunk_scale, u.u1, sh);
+  if (chunk < 0) return fallback();  // no head mass: cannot happen on a kHeadDraw plan
+  const float kept_from_x = plan.kept_from_x;
+  auto keeps = [kept_from_x](float x, float) { return x >= kept_from_x; };
   return DrawInChunk<kDType, kThreads>(row_ptr, procs, row, vocab, chunk, plan.row_max,
                                        params.temperature, keeps, u, fallback, sh, reduce);
 }

@@ -166,6 +166,11 @@ __device__ __forceinline__ uint64_t WaveSumU64(uint64_t v) {
   }
   return v;
 }
+// A fixed butterfly: every lane gets the same bits, on every run.
+__device__ __forceinline__ double WaveSumF64(double v) {
+  for (int o = kWaveSize / 2; o > 0; o >>= 1) v += __shfl_xor(v, o, kWaveSize);
+  return v;
+}
 __device__ __forceinline__ uint32_t WaveOr(uint32_t v) {
   for (int o = kWaveSize / 2; o > 0; o >>= 1) v |= __shfl_xor(v, o, kWaveSize);
   return v;

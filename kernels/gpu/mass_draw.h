@@ -4,7 +4,8 @@
 // its chunk again and appends the boundary bin's tokens to the row's boundary list (in a small
 // launch, a wide bin's tokens are also weighed by sub-bin here: BlockSubBins). It draws nothing:
 // the row's last block cuts the list by the top-p rule and draws the token by the chunked
-// inverse CDF (chunked_draw.h): no random number per kept token.
+// inverse CDF (chunked_draw.h): no random number per kept token. A row on the kHeadDraw plan
+// (v48) skips pass 2: its chunk-0 block draws from the head alone (FinishHeadRow).
 #ifndef SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
 #define SAMPLERD_KERNELS_GPU_MASS_DRAW_H_
 
@@ -97,6 +98,17 @@ struct MassDrawShared {
   uint32_t ticket;
 };
 
+// The token of a row whose argmax is wanted when no kept mass is found (cannot happen on the
+// mass path's plans): looked up only then (v47c: a serial walk of the chunk stats on every row's
+// critical path).
+__device__ __forceinline__ int64_t RowArgmax(const MassPlan& plan, int chunks,
+                                             const ChunkStats* row_stats) {
+  for (int c = 0; c < chunks; ++c) {
+    if (row_stats[c].max_z == plan.row_max) return static_cast<int64_t>(row_stats[c].argmax_x);
+  }
+  return 0;
+}
+
 // v47: the last block of a mass row: the boundary cut, then the chunked inverse-CDF draw
 // (chunked_draw.h). Every thread of the block must call; every thread gets the token.
 template <DType kDType, int kThreads, int kSpan>
@@ -110,16 +122,30 @@ __device__ int64_t FinishChunkedRow(const MassWorkspace& ws, const MassPlan& pla
   const volatile uint32_t* list_key = ws.boundary_key + row * kBoundaryCap;
   const volatile int32_t* list_index = ws.boundary_index + row * kBoundaryCap;
   // The token when no kept mass is found (cannot happen on a two-pass plan): the row's argmax.
-  // Looked up only then (v47c: a serial walk of the chunk stats on every row's critical path).
-  const auto fallback = [&] {
-    for (int c = 0; c < chunks; ++c) {
-      if (row_stats[c].max_z == plan.row_max) return static_cast<int64_t>(row_stats[c].argmax_x);
-    }
-    return int64_t{0};
-  };
-  return ChunkedDrawToken<kDType, kThreads>(ws, plan, row, chunks, row_ptr, procs, vocab,
-                                            sh.ref.max, sh.ref.scale, n, list_key, list_index,
-                                            params, fallback, sh.select, sh.ref.draw, reduce);
+  const auto fallback = [&] { return RowArgmax(plan, chunks, row_stats); };
+  return ChunkedDrawToken<kDType, kThreads>(
+      ws, plan, row, chunks, row_ptr, procs, vocab, sh.ref.max, sh.ref.scale, n, list_key,
+      list_index, ws.chunk_kept + row * chunks, params, fallback, sh.select, sh.ref.draw, reduce);
+}
+
+// v48: a row on the kHeadDraw plan, by one block (its chunk-0 block of MassDrawKernel): the
+// draw over the tokens above the boundary bin (HeadDrawToken); pass 2 does not run. Every thread
+// of the block must call.
+template <DType kDType, int kThreads, int kSpan>
+__device__ void FinishHeadRow(const MassWorkspace& ws, const MassPlan& plan, int64_t row,
+                              int chunks, const void* row_ptr, const RowProcessors& procs,
+                              int64_t vocab, const ChunkStats* row_stats, const RowParams& params,
+                              MassDrawShared<kSpan>& sh,
+                              typename BlockReduce<kThreads>::Storage& reduce, int32_t* token_ids,
+                              RowStatus* status) {
+  for (int c = threadIdx.x; c < chunks; c += kThreads) {
+    sh.ref.scale[c] = ws.chunk_scale[row * chunks + c];
+  }
+  const auto fallback = [&] { return RowArgmax(plan, chunks, row_stats); };
+  const int64_t token =
+      HeadDrawToken<kDType, kThreads>(ws, plan, row, chunks, row_ptr, procs, vocab, row_stats,
+                                      sh.ref.scale, params, fallback, sh.ref.draw, reduce);
+  if (threadIdx.x == 0) WriteRowToken(token_ids, status, row, token, vocab);
 }
 
 // Pass 2 of a kTwoPass mass row: block (chunk, row). Writes the row's token and status when it
@@ -170,7 +196,8 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     for (int g = 0; g < kGroups; ++g)
       LoadGroup<kDType>(row_ptr, begin + local_at(g), end, &v[g * 4]);
     if (weighs_chunk) {
-      hist_weight = ChunkBinWeightAbove<kThreads>(ws, plan, row, chunks, chunk, row_stats);
+      hist_weight = ChunkBinWeightAbove(ws, plan, row, chunks, chunk, row_stats,
+                                        static_cast<int>(threadIdx.x), kThreads);
     }
     // The processors, once every load is in flight: the mask here, group by group; the tokens
     // with a bias or penalty (bit 4g + e of `mark`) one at a time below (v42: applied group by
@@ -267,11 +294,10 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     __syncthreads();  // every thread is done with sh.chunk
   }
   if (!LastToArrive(ws.pass2_ticket + row, static_cast<uint32_t>(parts), &sh.ticket)) return;
-  const volatile unsigned long long* chunk_kept = ws.chunk_kept + row * chunks;
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
     sh.ref.max[c] = row_stats[c].max_z;
     sh.ref.scale[c] = ws.chunk_scale[row * chunks + c];
-    sh.ref.draw.weight[c] = chunk_kept[c];  // level 1's weights, part 1 (v47j)
+    sh.ref.draw.weight[c] = 0;  // the tail's level-1 weights, added by the cut
   }
   if (threadIdx.x == 0) sh.ref.draw.min_key = UINT32_MAX;
   __syncthreads();
@@ -295,8 +321,16 @@ __global__ void __launch_bounds__(kMassDrawThreads, 4) MassDrawKernel(MassDrawPa
   const RowParams params = p.rows.Params(row);
   if (!IsMassRow(params, p.rows.vocab, p.mass.enabled)) return;
   const MassPlan plan = p.mass.plan[row];
-  if (plan.path != MassPath::kTwoPass) return;
   const void* row_ptr = p.rows.Row<kDType>(row);
+  if (plan.path == MassPath::kHeadDraw) {  // v48: no pass 2; the row's first block draws
+    if (blockIdx.x == 0) {
+      FinishHeadRow<kDType, kMassDrawThreads>(
+          p.mass, plan, row, p.rows.chunks, row_ptr, p.rows.procs, p.rows.vocab,
+          p.stats + row * p.rows.chunks, params, sh, reduce, p.token_ids, p.status);
+    }
+    return;
+  }
+  if (plan.path != MassPath::kTwoPass) return;
   MassDrawChunk<kDType, kMassDrawThreads, kSpan, kKind>(
       p.mass, plan, row_ptr, p.rows.procs, p.rows.vocab, p.stats + row * p.rows.chunks, row,
       static_cast<int>(blockIdx.x), p.rows.chunks, params, sh, reduce, p.token_ids, p.status);

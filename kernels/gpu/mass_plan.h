@@ -10,23 +10,29 @@
 //     point. Integer sums do not depend on the order of the atomics. RowFinishKernel then
 //     combines the chunks' histograms in chunk order, each scaled by exp(chunk max - row max)
 //     in double, and finds the boundary bin: the first bin, from the top, where the mass
-//     reaches p * total. That is the row's MassPlan (PlanMassRow).
-//   pass 2 (MassDrawKernel, mass_draw.h): each chunk block reads its chunk again and appends the
-//     boundary bin's tokens to a per-row list (tokens above the bin are kept for sure). The
-//     row's last block sorts that list, keeps the prefix whose mass above stays below the
-//     target (a tie group whole), and draws the token by the chunked inverse CDF
-//     (chunked_draw.h).
+//     reaches p * total. That is the row's MassPlan (PlanMassRow). Level 0 of the draw
+//     (kernels/common/inverse_cdf.h) decides most rows here: the tail lies inside the boundary
+//     bin, so when u0 x (mass above + the bin's mass) < the mass above, the head is drawn
+//     whatever the cut keeps (kHeadDraw, v48): one block of MassDrawKernel draws from the bins
+//     above the boundary bin (chunk weights from the histograms), and pass 2 does not run.
+//   pass 2 (MassDrawKernel, mass_draw.h), on the other rows: each chunk block reads its chunk
+//     again and appends the boundary bin's tokens to a per-row list (tokens above the bin are
+//     kept for sure). The row's last block sorts that list, keeps the prefix whose mass above stays below the
+//     target (a tie group whole), decides level 0 with the tail's exact weight, and draws the
+//     token by the chunked inverse CDF (chunked_draw.h).
 //
 // The result is the rule of select.h (keep j iff the mass strictly above z_j is < p * total)
 // with masses in units of the row max's mass, summed chunk by chunk in a fixed order: bitwise
 // repeatable and batch invariant. Rows the plan cannot take (NaN, +inf, no finite z, |row max|
-// >= kMassMaxRowAbs, a boundary bin of more than kBoundaryCap tokens) get kFallback and are
-// finished by the one-block path of row_finish.h, exactly as before.
+// >= kMassMaxRowAbs, a boundary bin of more than kBoundaryCap tokens unless level 0 takes the
+// head) get kFallback and are finished by the one-block path of row_finish.h, exactly as before.
 #ifndef SAMPLERD_KERNELS_GPU_MASS_PLAN_H_
 #define SAMPLERD_KERNELS_GPU_MASS_PLAN_H_
 
 #include <cstdint>
 
+#include "kernels/common/inverse_cdf.h"
+#include "kernels/common/sampling_types.h"
 #include "kernels/gpu/chunk_stats.h"
 #include "kernels/gpu/device_common.h"
 #include "kernels/gpu/select.h"
@@ -67,7 +73,10 @@ inline int64_t PresumRowsFrom(int64_t batch, int64_t chunks) {
   return chunks >= kPresumTailMinChunks ? batch - rows : batch;
 }
 
-enum class MassPath : uint32_t { kFallback = 0, kTwoPass = 1 };
+// kHeadDraw (v48): level 0 of the draw (kernels/common/inverse_cdf.h) takes the head for certain
+// (u0 x (mass above the boundary bin + the bin's mass) < the mass above), so pass 2 does not run:
+// one MassDrawKernel block draws from the bins above the boundary bin (FinishHeadRow).
+enum class MassPath : uint32_t { kFallback = 0, kTwoPass = 1, kHeadDraw = 2 };
 
 // What pass 1 decides for a mass row (bins counted from the row max's bin, 0, downwards).
 struct MassPlan {
@@ -75,9 +84,10 @@ struct MassPlan {
   int32_t boundary_bin;
   uint32_t boundary_count;  // tokens in the boundary bin (<= kBoundaryCap on kTwoPass)
   float row_max;
-  float row_top;      // floor(kMassBinsPerLogit * row max)
-  double target;      // p * the row's mass
-  double mass_above;  // mass of the bins above the boundary bin
+  float row_top;         // floor(kMassBinsPerLogit * row max)
+  double target;         // p * the row's mass
+  double mass_above;     // mass of the bins above the boundary bin
+  double boundary_mass;  // the boundary bin's mass: bounds the tail's (level 0)
   // The bins as thresholds on the processed x (v13): a token is above the boundary bin iff
   // x >= kept_from_x, in it iff boundary_from_x <= x < kept_from_x (-inf and NaN: neither).
   float kept_from_x;
@@ -91,7 +101,8 @@ struct MassWorkspace {
   uint32_t* hist_hi;     // sum of (mass >> 16)
   uint32_t* hist_lo;     // sum of (mass & 0xffff): 32-bit shared atomics, no carries
   double* chunk_scale;   // [batch, chunks] exp(chunk max - row max); 0: chunk out of range
-  // [batch, chunks] the histogram's weight above the boundary bin, by pass 2 (level 1's weights)
+  // [batch, chunks] the histogram's weight above the boundary bin, by pass 2 (the head's
+  // level-1 weights)
   unsigned long long* chunk_kept;
   MassPlan* plan;           // [batch]
   uint32_t* pass2_ticket;   // [batch] zeroed by the plan
@@ -214,8 +225,10 @@ __device__ void StoreMassHistogram(const MassShared& sh, const MassWorkspace& ws
 // thread gets it). Every thread of the block must call.
 template <int kThreads>
 __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats, int64_t row,
-                                int chunks, float top_p, float temperature, MassPlanScratch& sh,
+                                int chunks, const RowParams& params, MassPlanScratch& sh,
                                 typename BlockReduce<kThreads>::Storage& reduce) {
+  const float top_p = params.top_p;
+  const float temperature = params.temperature;
   static_assert(kThreads > kMassBins, "one bin per thread, and one more for the total");
   using Reduce = BlockReduce<kThreads>;
   float local_max = -kInfF, local_min = kInfF;
@@ -315,12 +328,19 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
         count <= static_cast<uint32_t>(kBoundaryCap) ? MassPath::kTwoPass : MassPath::kFallback;
     out.boundary_bin = k;
     out.boundary_count = count;
+    out.boundary_mass = sh.above[k + 1] - above;
+    // Level 0 (v48): the head for certain, whatever share of the bin the cut keeps.
+    if (HeadIsDrawn(above, out.boundary_mass, RowPartUniform(params.seed, params.position))) {
+      out.path = MassPath::kHeadDraw;
+    }
     if (tied) {
       // A tie group is kept whole, and here it is every kept candidate: all of bin k is kept
-      // (above a boundary bin k + 1 that is empty), however many tokens it holds.
-      out.path = MassPath::kTwoPass;
+      // (above a boundary bin k + 1 that is empty), however many tokens it holds. The tail is
+      // empty, so every draw is the head's.
+      out.path = MassPath::kHeadDraw;
       out.boundary_bin = k + 1;
       out.boundary_count = 0;
+      out.boundary_mass = 0.0;
     }
     out.row_max = row_max;
     out.row_top = row_top;

@@ -142,10 +142,9 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   GridWaitPrerequisites();
   if (skipped) return;
   if (IsMassRow(params, p.rows.vocab, p.mass.enabled) &&
-      PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.rows.chunks, row, p.rows.chunks,
-                                  params.top_p, params.temperature, sh.mass_plan,
-                                  sh.reduce) == MassPath::kTwoPass) {
-    return;
+      PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.rows.chunks, row, p.rows.chunks, params,
+                                  sh.mass_plan, sh.reduce) != MassPath::kFallback) {
+    return;  // MassDrawKernel draws the row
   }
   const ChunkStats* stats = p.stats + row * p.rows.chunks;
   const uint32_t* candidate_key = p.candidate_key + row * p.rows.chunks * kCandidateCap;

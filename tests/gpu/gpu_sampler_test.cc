@@ -82,7 +82,7 @@ double Score(const Batch& b, int64_t r, int64_t j) {
   return static_cast<double>(x / p.temperature) + GumbelNoise(p.seed, p.position, j);
 }
 
-// v47 diagnostics: for a top-p-alone row, how close its level-1 and level-2 targets lie to a
+// v47 diagnostics: for a top-p-alone row, how close its level-0, 1 and 2 targets lie to a
 // unit boundary, relative to the level's total (the oracle's exact sums; a mismatch of the
 // near-boundary kind has one of them within ~1e-6).
 std::string ChunkedDrawMargins(const Batch& b, int64_t r) {
@@ -109,6 +109,18 @@ std::string ChunkedDrawMargins(const Batch& b, int64_t r) {
     if (above < p.top_p * total) m[j] = std::exp(double{z[j]} - mx);
   }
   const ChunkedUniforms u = RowChunkedUniforms(p.seed, p.position);
+  // Level 0: the head (kept tokens above the bin of the lowest kept z) or the tail.
+  float z_low = INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    if (m[j] > 0.0) z_low = std::min(z_low, z[j]);
+  }
+  double w_head = 0.0, w_tail = 0.0;
+  for (int64_t j = 0; j < n; ++j) (DrawBin(z[j]) > DrawBin(z_low) ? w_head : w_tail) += m[j];
+  const bool head = HeadIsDrawn(w_head, w_tail, u.u0);
+  const double m0 = std::fabs(u.u0 * (w_head + w_tail) - w_head) / (w_head + w_tail);
+  for (int64_t j = 0; j < n; ++j) {
+    if ((DrawBin(z[j]) > DrawBin(z_low)) != head) m[j] = 0.0;
+  }
   auto margin = [&](int64_t begin, int64_t end, int64_t unit, double uniform, int64_t* chosen) {
     std::vector<double> w;
     for (int64_t f = begin; f < end; f += unit) {
@@ -132,9 +144,10 @@ std::string ChunkedDrawMargins(const Batch& b, int64_t r) {
   int64_t chunk = 0, segment = 0;
   const double m1 = margin(0, n, kDrawChunk, u.u1, &chunk);
   const double m2 = margin(chunk, std::min(n, chunk + kDrawChunk), kDrawSegment, u.u2, &segment);
-  char out[160];
-  std::snprintf(out, sizeof(out), " [chunked draw: chunk %ld margin %.2e, segment %ld margin %.2e]",
-                static_cast<long>(chunk / kDrawChunk), m1,
+  char out[200];
+  std::snprintf(out, sizeof(out),
+                " [chunked draw: %s margin %.2e, chunk %ld margin %.2e, segment %ld margin %.2e]",
+                head ? "head" : "tail", m0, static_cast<long>(chunk / kDrawChunk), m1,
                 static_cast<long>((segment - chunk) / kDrawSegment), m2);
   return out;
 }
@@ -509,6 +522,51 @@ TEST_F(GpuSamplerTest, WideBoundaryBinsMatchTheCpuOnEveryRunAndInAnyBatch) {
   std::printf("wide boundary bins, GPU vs CPU: %ld rows, %ld mismatches\n", static_cast<long>(rows),
               static_cast<long>(mismatches));
   EXPECT_LE(mismatches * 100, rows) << "more than 1% of rows disagree";
+}
+
+// Level 0 of the top-p draw (kernels/common/inverse_cdf.h, kernels v48) on rows whose cut falls
+// inside a boundary bin that holds ~40% of the kept mass: a third of the tokens at z = 1 (the
+// head), a third in [0.5, 0.6) (the bin the cut falls in), the rest at -5. At top-p 0.9 the plan
+// takes the head for certain on ~61% of the rows (kHeadDraw, no pass 2); the others run pass 2
+// and draw the head (~17% of them) or the tail. Every token must be the CPU's, and both parts
+// must be drawn.
+TEST_F(GpuSamplerTest, TopPHeadsAndTailsMatchTheCpu) {
+  std::mt19937_64 rng(31);
+  std::uniform_real_distribution<float> in_bin(0.5f, 0.6f);
+  int64_t rows = 0, tails = 0;
+  for (DType dtype : {DType::kFp32, DType::kBf16}) {
+    for (int64_t vocab : {int64_t{151936}, int64_t{40000}}) {
+      Batch b;
+      b.dtype = dtype;
+      b.batch = 64;
+      b.vocab = vocab;
+      b.row_stride = vocab;
+      b.bytes.resize(static_cast<size_t>(b.batch * vocab * DTypeSize(dtype)));
+      for (int64_t r = 0; r < b.batch; ++r) {
+        uint8_t* row = b.bytes.data() + r * vocab * DTypeSize(dtype);
+        for (int64_t j = 0; j < vocab; ++j) {
+          const float v = j % 3 == 0 ? 1.0f : (j % 3 == 1 ? in_bin(rng) : -5.0f);
+          StoreValue(dtype, v, row + j * DTypeSize(dtype));
+        }
+      }
+      SetParams(b, Params(1.0f, 0, 0.9f, 0.0f), rng);
+      const Outputs cpu = RunCpu(b);
+      const Outputs gpu = RunGpu(b);
+      for (int64_t r = 0; r < b.batch; ++r) {
+        ++rows;
+        const uint8_t* row = b.bytes.data() + r * vocab * DTypeSize(dtype);
+        ASSERT_EQ(gpu.tokens[r], cpu.tokens[r]) << DTypeName(dtype) << " V=" << vocab << " row "
+                                                << r << ":" << ChunkedDrawMargins(b, r);
+        const float v = LoadValue(dtype, row, cpu.tokens[r]);
+        ASSERT_NE(v, -5.0f) << "row " << r;
+        tails += v < 1.0f;
+      }
+    }
+  }
+  std::printf("level 0: %ld rows, %ld drew the tail\n", static_cast<long>(rows),
+              static_cast<long>(tails));
+  EXPECT_GT(tails, rows / 8);
+  EXPECT_LT(tails, rows - rows / 8);
 }
 
 TEST_F(GpuSamplerTest, RepeatedRunsAreBitwiseIdentical) {

@@ -53,7 +53,7 @@ TEST(InverseCdfUniform, BitsMapExactlyOntoMultiplesOfTwoToTheMinus53) {
   EXPECT_EQ(UniformDoubleFromBits(0, 0xFFFFF800u), 0x1.0p-32 - 0x1.0p-53);
 }
 
-TEST(InverseCdfUniform, TheChunkedDrawsUniformsAreTheFourWordsOfTheRowsBlock) {
+TEST(InverseCdfUniform, TheChunkedDrawsUniformsAreTheRowsTwoBlocksWords) {
   EXPECT_EQ(UniformFromWord(0), 0x1.0p-33);
   EXPECT_EQ(UniformFromWord(0xFFFFFFFFu), 1.0 - 0x1.0p-33);
   for (uint64_t seed : {uint64_t{0}, uint64_t{42}, ~uint64_t{0}}) {
@@ -61,11 +61,16 @@ TEST(InverseCdfUniform, TheChunkedDrawsUniformsAreTheFourWordsOfTheRowsBlock) {
       const PhiloxCounter out =
           Philox4x32x10(PhiloxCounterFor(position, kRowUniformToken), PhiloxKeyFromSeed(seed));
       const ChunkedUniforms u = RowChunkedUniforms(seed, position);
+      const PhiloxCounter part =
+          Philox4x32x10(PhiloxCounterFor(position, kRowPartToken), PhiloxKeyFromSeed(seed));
+      EXPECT_EQ(u.u0, UniformFromWord(part.word[0]));
       EXPECT_EQ(u.u1, RowUniform(seed, position));
       EXPECT_EQ(u.u2, UniformFromWord(out.word[2]));
       EXPECT_EQ(u.u3, UniformFromWord(out.word[3]));
     }
   }
+  // Level 0's block is the one before the row uniform's, beyond every token's block too.
+  EXPECT_EQ(kRowPartToken >> 2, (uint64_t{1} << 62) - 2);
 }
 
 TEST(InverseCdfUniform, RowUniformIsWordsZeroAndOneOfTheRowsOwnPhiloxBlock) {
@@ -258,6 +263,48 @@ TEST(ChunkedInverseCdfDraw, TheOracleIsTheReferenceOnRowsOfOneToSeveralChunks) {
             << "n " << n << " top_p " << top_p << " position " << position;
       }
     }
+  }
+}
+
+TEST(ChunkedInverseCdfDraw, LevelZeroDrawsTheTailExactlyWhenUZeroPassesTheHeadsShare) {
+  // Three groups interleaved: z = 1 (bin 8), z = 0.51 (bin 4) and z = -5. Top-p 0.99 keeps the
+  // first two (the mass above the third is 0.9985 of the total), so z_c = 0.51: the head is the
+  // z = 1 group (W_H = 100), the tail the z = 0.51 group (W_T = 100 e^-0.49 = 61.3).
+  std::vector<float> x(300);
+  for (size_t j = 0; j < x.size(); ++j) x[j] = j % 3 == 0 ? 1.0f : (j % 3 == 1 ? 0.51f : -5.0f);
+  double w_head = 0.0, w_tail = 0.0;
+  for (float v : x) {
+    if (v == 1.0f) w_head += KeptMass(v, 1.0);
+    if (v == 0.51f) w_tail += KeptMass(v, 1.0);
+  }
+  int tails = 0;
+  constexpr int kPositions = 400;
+  for (uint64_t position = 0; position < kPositions; ++position) {
+    RowParams p = Params(1.0f, 151, position);
+    p.top_p = 0.99f;
+    const int32_t token = SampleOne(x, p).token;
+    ASSERT_EQ(token, ReferenceDraw(x, p)) << "position " << position;
+    ASSERT_NE(x[token], -5.0f) << "position " << position;
+    const bool tail = x[token] == 0.51f;
+    ASSERT_EQ(tail, !HeadIsDrawn(w_head, w_tail, RowChunkedUniforms(p.seed, position).u0))
+        << "position " << position;
+    tails += tail;
+  }
+  // P(tail) = 61.3 / 161.3 = 0.38: sd over 400 draws ~0.024.
+  EXPECT_NEAR(static_cast<double>(tails) / kPositions, w_tail / (w_head + w_tail), 0.1);
+}
+
+TEST(ChunkedInverseCdfDraw, ARowKeptInOneBinHasNoHead) {
+  // Every kept z in one bin (8 z in [4, 5)): the head is empty, and the draw is levels 1-3 over
+  // all of K, whatever u0 is; z = -0.49 is never kept at top-p 0.5.
+  std::vector<float> x(100);
+  for (size_t j = 0; j < x.size(); ++j) x[j] = j % 2 == 0 ? 0.6f : -0.49f;
+  for (uint64_t position = 0; position < 50; ++position) {
+    RowParams p = Params(1.0f, 152, position);
+    p.top_p = 0.5f;
+    const int32_t token = SampleOne(x, p).token;
+    ASSERT_EQ(x[token], 0.6f) << "position " << position;
+    ASSERT_EQ(token, ReferenceDraw(x, p)) << "position " << position;
   }
 }
 

@@ -241,9 +241,22 @@ inline int32_t ReferenceChunkedDraw(const std::vector<float>& x, const RowParams
   const std::vector<float> z = Scaled(x, p.temperature);
   const double z_max = *std::max_element(z.begin(), z.end());
   const int64_t n = static_cast<int64_t>(x.size());
-  std::vector<double> mass(x.size());
-  for (int64_t j = 0; j < n; ++j) mass[j] = keep[j] ? std::exp(double{z[j]} - z_max) : 0.0;
   const ChunkedUniforms u = RowChunkedUniforms(p.seed, p.position);
+  // Level 0: the bin (floor(8 z)) of K's lowest z splits K into a head above it and a tail.
+  float z_low = INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    if (keep[j]) z_low = std::min(z_low, z[j]);
+  }
+  auto in_head = [&](int64_t j) { return std::floor(z[j] * 8.0f) > std::floor(z_low * 8.0f); };
+  double head_weight = 0.0, tail_weight = 0.0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (keep[j]) (in_head(j) ? head_weight : tail_weight) += std::exp(double{z[j]} - z_max);
+  }
+  const bool head = u.u0 * (head_weight + tail_weight) < head_weight;
+  std::vector<double> mass(x.size());
+  for (int64_t j = 0; j < n; ++j) {
+    mass[j] = keep[j] && in_head(j) == head ? std::exp(double{z[j]} - z_max) : 0.0;
+  }
   // Units [begin, end) of `unit` tokens: the first token of the chosen one.
   auto level = [&](int64_t begin, int64_t end, int64_t unit, double uniform) {
     std::vector<double> weight;
