@@ -17,9 +17,9 @@
 //     above the boundary bin (chunk weights from the histograms), and pass 2 does not run.
 //   pass 2 (MassDrawKernel, mass_draw.h), on the other rows: each chunk block reads its chunk
 //     again and appends the boundary bin's tokens to a per-row list (tokens above the bin are
-//     kept for sure). The row's last block sorts that list, keeps the prefix whose mass above stays below the
-//     target (a tie group whole), decides level 0 with the tail's exact weight, and draws the
-//     token by the chunked inverse CDF (chunked_draw.h).
+//     kept for sure). The row's last block sorts that list, keeps the prefix whose mass above stays
+//     below the target (a tie group whole), decides level 0 with the tail's exact weight, and draws
+//     the token by the chunked inverse CDF (chunked_draw.h).
 //
 // The result is the rule of select.h (keep j iff the mass strictly above z_j is < p * total)
 // with masses in units of the row max's mass, summed chunk by chunk in a fixed order: bitwise
