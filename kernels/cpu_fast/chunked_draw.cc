@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include "kernels/common/inverse_cdf.h"
@@ -145,22 +144,13 @@ void StartChunkedDraw(RowState& r) {
 
 bool ChunkedMassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
   float* scratch = Scratch().x.data();
-  std::vector<MassPiece> pieces;
-  pieces.reserve(static_cast<size_t>((t1 - t0) / kDrawChunk + 2));
-  for (int64_t begin = t0; begin < t1;) {
-    const int64_t end = std::min(t1, (begin / kDrawChunk + 1) * kDrawChunk);
-    const float* z = ScaledChunk(args, row, begin, end - begin, r.p.temperature, scratch);
-    MassPiece piece{begin, end, 0.0, 0};
-    const PartMasses sums = FloatPieceMasses(z, end - begin, r, piece.left_out);
+  return r.AddPieces(args.vocab, t0, t1, kDrawChunk, [&](MassPiece& piece) {
+    const int64_t n = piece.end - piece.begin;
+    const float* z = ScaledChunk(args, row, piece.begin, n, r.p.temperature, scratch);
+    const PartMasses sums = FloatPieceMasses(z, n, r, piece.left_out);
     piece.mass = sums.head;
     piece.tail = sums.tail;
-    pieces.push_back(piece);
-    begin = end;
-  }
-  std::lock_guard<SpinMutex> lock(r.mu);
-  r.pieces.insert(r.pieces.end(), pieces.begin(), pieces.end());
-  r.covered += t1 - t0;
-  return r.covered == args.vocab;
+  });
 }
 
 // Why the part, the chunk and the segment are the oracle's: FinishInverseCdf's argument

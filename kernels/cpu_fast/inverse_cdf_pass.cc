@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <mutex>
 #include <vector>
 
 #include "kernels/common/inverse_cdf.h"
@@ -176,21 +175,12 @@ void StartInverseCdf(RowState& r) {
 
 bool MassPieces(const SampleArgs& args, int64_t row, int64_t t0, int64_t t1, RowState& r) {
   float* scratch = Scratch().x.data();
-  std::vector<MassPiece> pieces;
-  pieces.reserve(static_cast<size_t>((t1 - t0) / kPiece + 2));
-  for (int64_t begin = t0; begin < t1;) {
-    const int64_t end = std::min(t1, (begin / kPiece + 1) * kPiece);
-    const float* x = r.scaled ? ScaledChunk(args, row, begin, end - begin, r.p.temperature, scratch)
-                              : ReadX(args, row, begin, end - begin, scratch);
-    MassPiece piece{begin, end, 0.0, 0};
-    piece.mass = PieceMass(x, end - begin, r, piece.left_out);
-    pieces.push_back(piece);
-    begin = end;
-  }
-  std::lock_guard<SpinMutex> lock(r.mu);
-  r.pieces.insert(r.pieces.end(), pieces.begin(), pieces.end());
-  r.covered += t1 - t0;
-  return r.covered == args.vocab;
+  return r.AddPieces(args.vocab, t0, t1, kPiece, [&](MassPiece& piece) {
+    const int64_t n = piece.end - piece.begin;
+    const float* x = r.scaled ? ScaledChunk(args, row, piece.begin, n, r.p.temperature, scratch)
+                              : ReadX(args, row, piece.begin, n, scratch);
+    piece.mass = PieceMass(x, n, r, piece.left_out);
+  });
 }
 
 // Why the token is the oracle's (notation: m_j = InverseCdfMass of token j, the oracle's mass;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "kernels/common/sampling_types.h"
@@ -160,6 +161,27 @@ struct RowState {
       best_score = score;
       best_id = id;
     }
+  }
+
+  // Appends the pieces of the tokens [t0, t1), each within one aligned span of `span` tokens
+  // (weigh(piece) fills the sums of piece.begin .. piece.end), to `pieces` under the lock.
+  // Returns whether the row of `vocab` tokens is now covered. Chunk tasks of the mass passes
+  // call it (inverse_cdf_pass.h, chunked_draw.h).
+  template <typename Weigh>
+  bool AddPieces(int64_t vocab, int64_t t0, int64_t t1, int64_t span, Weigh&& weigh) {
+    std::vector<MassPiece> mine;
+    mine.reserve(static_cast<size_t>((t1 - t0) / span + 2));
+    for (int64_t begin = t0; begin < t1;) {
+      const int64_t end = std::min(t1, (begin / span + 1) * span);
+      MassPiece piece{begin, end, 0.0, 0};
+      weigh(piece);
+      mine.push_back(piece);
+      begin = end;
+    }
+    std::lock_guard<SpinMutex> lock(mu);
+    pieces.insert(pieces.end(), mine.begin(), mine.end());
+    covered += t1 - t0;
+    return covered == vocab;
   }
 
   // Starts a histogram pass over keys [lo, hi].
