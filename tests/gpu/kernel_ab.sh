@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# A/B of two kernel libraries on the GPU machine, in one call: the carried build ("new", from
+# A/B of kernel libraries on the GPU machine, in one call: the carried build ("new", from
 # payload.tar.xz) against an older libsamplerd_capi.so ("old", kept by prepare_carry.sh in
 # .carry/old/). Runs from the folder prepare_carry.sh assembles, like run_on_gpu.sh:
 #
 #   cd .carry/gpu_run && bash kernel_ab.sh --old ../old/libsamplerd_capi_<commit>.so.xz \
-#       [--suites sampler,processors,statistics,session_kernels] [--reps 2]
+#       [--lib NAME=PATH ...] [--suites sampler,processors,statistics,session_kernels] [--reps 2]
 #       [--bench "ARGS"] [--procs "ARGS"] [--ncu "CASE ..."] [--ncu-kernels REGEX]
 #       [--ncu-source REGEX]
 #
 # In this order, each step optional and logged under $OUT (else ./ab_results):
 #   suites   run_on_gpu.sh --no-bench --only LIST on the new build (suites.txt)
-#   bench    bench_kernels.py --ours-only ARGS, old and new interleaved --reps times
-#            (bench_{old,new}_N.json); ab.txt: per row the medians of each and new / old
+#   bench    bench_kernels.py --ours-only ARGS, old and new (and each --lib, a library of
+#            another build, .so or .so.xz, NAME letters, digits, '.', '+' or '-') interleaved
+#            --reps times (bench_{old,new,NAME}_N.json); ab.txt: per row the medians of each
+#            side and each side / old
 #   procs    bench_processors.py ARGS for old, new, new (procs_{old,new,new2}.json and .txt)
 #   ncu      profile_cases.py CASE ... under Nsight Compute on the new build (SpeedOfLight,
 #            LaunchStats, InstructionStats): ncu.txt, the duration, instructions and registers
@@ -26,7 +28,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 usage() {
-  sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 OLD=""
@@ -37,9 +39,22 @@ PROCS_ARGS=""
 NCU_CASES=""
 NCU_KERNELS="ChunkPass|RowFinish|Greedy|MassDraw"
 NCU_SOURCE=""
+EXTRA_NAMES=()
+EXTRA_PATHS=()
 while (($#)); do
   case "$1" in
     --old) OLD="$(realpath -m -- "${2-}")"; shift ;;
+    --lib)
+      spec="${2-}"
+      name="${spec%%=*}"
+      if [[ "$spec" != *=?* || ! "$name" =~ ^[A-Za-z0-9.+-]+$ || "$name" == old || "$name" == new ]]; then
+        echo "kernel_ab.sh: --lib: expected NAME=PATH (NAME of letters, digits, '.', '+' or '-'," \
+          "not old or new), got '$spec'" >&2
+        exit 2
+      fi
+      EXTRA_NAMES+=("$name")
+      EXTRA_PATHS+=("$(realpath -m -- "${spec#*=}")")
+      shift ;;
     --suites) SUITES="${2-}"; shift ;;
     --reps) REPS="${2-}"; shift ;;
     --bench) BENCH_ARGS="${2-}"; shift ;;
@@ -70,12 +85,22 @@ note() { SUMMARY+=("$*"); echo "kernel_ab.sh: $*"; }
 mkdir -p "$WORK/new" "$WORK/old"
 tar -xJf "$HERE/payload.tar.xz" -C "$WORK/new" ./libsamplerd_capi.so ||
   { echo "kernel_ab.sh: no libsamplerd_capi.so in payload.tar.xz" >&2; exit 2; }
+# unpack_lib SRC DIR: SRC (.so or .so.xz) as DIR/libsamplerd_capi.so.
+unpack_lib() {
+  mkdir -p "$2" &&
+    case "$1" in
+      *.xz) xz -dc "$1" >"$2/libsamplerd_capi.so" ;;
+      *) cp "$1" "$2/libsamplerd_capi.so" ;;
+    esac
+}
 if [[ -n "$OLD" ]]; then
-  case "$OLD" in
-    *.xz) xz -dc "$OLD" >"$WORK/old/libsamplerd_capi.so" ;;
-    *) cp "$OLD" "$WORK/old/libsamplerd_capi.so" ;;
-  esac || { echo "kernel_ab.sh: cannot read --old $OLD" >&2; exit 2; }
+  unpack_lib "$OLD" "$WORK/old" || { echo "kernel_ab.sh: cannot read --old $OLD" >&2; exit 2; }
 fi
+for i in "${!EXTRA_NAMES[@]}"; do
+  unpack_lib "${EXTRA_PATHS[$i]}" "$WORK/${EXTRA_NAMES[$i]}" ||
+    { echo "kernel_ab.sh: cannot read --lib ${EXTRA_NAMES[$i]}=${EXTRA_PATHS[$i]}" >&2; exit 2; }
+  note "lib ${EXTRA_NAMES[$i]}: $(basename "${EXTRA_PATHS[$i]}")"
+done
 # An A/B is only as good as its base: name the old library's commit in the results. Session 25
 # found that a hand-named "v30" base was a slow build of another tree (kernels/gpu/NOTES.md).
 if [[ -n "$OLD" ]]; then
@@ -100,28 +125,32 @@ fi
 if [[ -n "$BENCH_ARGS" ]]; then
   read -r -a bench_argv <<<"$BENCH_ARGS"
   for ((rep = 1; rep <= REPS; ++rep)); do
-    for side in old new; do
+    for side in old new "${EXTRA_NAMES[@]}"; do
       timeout 150 python3 "$HERE/bench_kernels.py" --ours-only --lib "$WORK/$side/libsamplerd_capi.so" \
         "${bench_argv[@]}" --json "$RESULTS/bench_${side}_$rep.json" \
         >"$RESULTS/bench_${side}_$rep.txt" 2>&1 || note "bench $side $rep: rc=$?"
     done
   done
-  python3 - "$RESULTS" <<'PY' | tee "$RESULTS/ab.txt"
+  python3 - "$RESULTS" old new "${EXTRA_NAMES[@]}" <<'PY' | tee "$RESULTS/ab.txt"
 import glob, json, os, statistics, sys
-results = sys.argv[1]
+results, sides = sys.argv[1], sys.argv[2:]
 rows = {}
 for path in sorted(glob.glob(os.path.join(results, "bench_*_*.json"))):
-    side = os.path.basename(path).split("_")[1]
+    side = os.path.basename(path)[len("bench_"):].rsplit("_", 1)[0]
     for r in json.load(open(path))["rows"]:
         key = (r["setting"], r["dtype"], r["dist"], r["batch"], r["vocab"])
         rows.setdefault(key, {}).setdefault(side, []).append(r["ours_us"])
-print(f"{'setting':<20} {'dtype':<5} {'dist':<7} {'B':>4} {'V':>7} {'old us':>8} {'new us':>8} {'new/old':>8}")
-for key, sides in sorted(rows.items()):
-    if "old" not in sides or "new" not in sides:
+others = sides[1:]
+print(f"{'setting':<20} {'dtype':<5} {'dist':<7} {'B':>4} {'V':>7} {'old us':>8}"
+      + "".join(f" {s + ' us':>10}" for s in others)
+      + "".join(f" {s + '/old':>10}" for s in others))
+for key, got in sorted(rows.items()):
+    if "old" not in got or any(s not in got for s in others):
         continue
-    old, new = statistics.median(sides["old"]), statistics.median(sides["new"])
-    print(f"{key[0]:<20} {key[1]:<5} {key[2]:<7} {key[3]:>4} {key[4]:>7} {old:>8.1f} {new:>8.1f} "
-          f"{new / old:>8.3f}")
+    med = {s: statistics.median(got[s]) for s in sides}
+    print(f"{key[0]:<20} {key[1]:<5} {key[2]:<7} {key[3]:>4} {key[4]:>7} {med['old']:>8.1f}"
+          + "".join(f" {med[s]:>10.1f}" for s in others)
+          + "".join(f" {med[s] / med['old']:>10.3f}" for s in others))
 PY
   note "bench: ab.txt (medians of $REPS runs a side)"
 fi
