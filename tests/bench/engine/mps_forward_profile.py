@@ -94,9 +94,35 @@ def summarize(replays):
     }
 
 
-def op_chains(nodes=200, reps=21):
+LAYER_PARTS = ("rms", "qkv", "rope", "kv_write", "sdpa", "wo", "mlp_gemv", "silu")
+
+
+def chain_us(op, nodes, reps):
+    """µs a node of a CUDA-graph chain of `nodes` calls of `op` (median of `reps` replays)."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            op()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(nodes):
+            op()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / nodes)
+    return statistics.median(times)
+
+
+def op_chains(nodes=200, reps=21, pairs=False):
     """Per-op time of CUDA-graph chains of one PyTorch op at the forward's B = 1 shapes (µs a
-    node): which kinds of kernel MPS slows, without the rest of the forward."""
+    node): which kinds of kernel MPS slows, without the rest of the forward. With `pairs`, also
+    one whole layer, and each pair of two single ops in turn (a node is then the pair)."""
     h = torch.randn(1, 896, device="cuda", dtype=torch.bfloat16)
     idx = torch.zeros(1, dtype=torch.long, device="cuda")
     table = torch.randn(151936, 896, device="cuda", dtype=torch.bfloat16)
@@ -132,28 +158,62 @@ def op_chains(nodes=200, reps=21):
             q, model.k_cache[0], model.v_cache[0], attn_mask=visible, enable_gqa=True)
         return h + attn.reshape(1, model.cfg.hidden) @ layer["wo"].t()
 
+    singles = list(ops.items())
     ops["mlp block (9 kernels)"] = mlp
     ops["attention block (~30 kernels)"] = attention_block
-    results = {}
-    stream = torch.cuda.Stream()
-    for name, op in ops.items():
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                op()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(nodes):
-                op()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(reps):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000.0 / nodes)
-        results[name] = statistics.median(times)
+    if pairs:
+        # One layer as the forward runs it (attention, then MLP), and every pair of two single
+        # ops in turn: does MPS make a change of kernel kind cost what a kind alone does not?
+        ops["layer (attention + mlp)"] = lambda: (attention_block(), mlp())
+        for i, (name_a, op_a) in enumerate(singles):
+            for name_b, op_b in singles[i + 1:]:
+                ops[f"pair: {name_a} / {name_b}"] = \
+                    lambda op_a=op_a, op_b=op_b: (op_a(), op_b())
+    return {name: chain_us(op, nodes, reps) for name, op in ops.items()}
+
+
+def layer_chains(nodes=200, reps=21):
+    """Chains of one whole layer at B = 1 (decode_loop.Decoder's), then the same layer with one
+    part left out at a time (µs a node): which part makes MPS's penalty on a layer."""
+    model = Decoder(Config(model_args(1)), 1, max_len=128, device="cuda")
+    cfg, p = model.cfg, model.layers[0]
+    h = torch.randn(1, cfg.hidden, device="cuda", dtype=torch.bfloat16)
+    visible = (model.positions <= model.pos)[None, None, None, :]
+
+    def layer(skip):
+        def heads(t, n):
+            return t[:, :n * cfg.head_dim].reshape(1, n, 1, cfg.head_dim)
+        x = h
+        y = x if "rms" in skip else model._rms(x, p["ln1"])
+        if "qkv" in skip:
+            q, k, v = heads(y, cfg.heads), heads(y, cfg.kv_heads), heads(y, cfg.kv_heads)
+        else:
+            q = (y @ p["wq"].t()).view(1, cfg.heads, 1, cfg.head_dim)
+            k = (y @ p["wk"].t()).view(1, cfg.kv_heads, 1, cfg.head_dim)
+            v = (y @ p["wv"].t()).view(1, cfg.kv_heads, 1, cfg.head_dim)
+        if "rope" not in skip:
+            q, k = model._rope(q), model._rope(k)
+        if "kv_write" not in skip:
+            model.k_cache[0].index_copy_(2, model.pos.view(1), k)
+            model.v_cache[0].index_copy_(2, model.pos.view(1), v)
+        if "sdpa" in skip:
+            attn = q
+        else:
+            attn = torch.nn.functional.scaled_dot_product_attention(
+                q, model.k_cache[0], model.v_cache[0], attn_mask=visible, enable_gqa=True)
+        attn = attn.reshape(1, cfg.hidden)
+        x = x + (attn if "wo" in skip else attn @ p["wo"].t())
+        y = x if "rms" in skip else model._rms(x, p["ln2"])
+        if "mlp_gemv" in skip:
+            gate = up = y
+        else:
+            gate, up = y @ p["gate"].t(), y @ p["up"].t()
+        act = gate if "silu" in skip else torch.nn.functional.silu(gate) * up
+        return x + (act if "mlp_gemv" in skip else act @ p["down"].t())
+
+    results = {"layer": chain_us(lambda: layer(()), nodes, reps)}
+    for part in LAYER_PARTS:
+        results[f"layer without {part}"] = chain_us(lambda part=part: layer((part,)), nodes, reps)
     return results
 
 
@@ -173,12 +233,14 @@ def run(args):
         "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
         "replay_ms": replay_ms(model, args.reps),
         **summarize(traced_kernels(model, args.trace_reps)),
-        "op_chains_us": op_chains() if args.op_chains else {},
+        "op_chains_us": op_chains(pairs=args.pair_chains)
+        if args.op_chains or args.pair_chains else {},
+        "layer_chains_us": layer_chains() if args.layer_chains else {},
     }
     print(f"batch {args.batch}, MPS {report['mps']}, shared weights {args.shared_weights}: replay {report['replay_ms']:.3f} ms; traced: "
           f"{report['kernels']} kernels, span {report['span_us']:.0f} us, kernels "
           f"{report['kernel_us']:.0f} us, median gap {report['gap_median_us']:.2f} us")
-    for name, us in report["op_chains_us"].items():
+    for name, us in {**report["op_chains_us"], **report["layer_chains_us"]}.items():
         print(f"  graph chain of {name}: {us:.3f} us a node")
     if args.json:
         with open(args.json, "w") as f:
@@ -196,9 +258,11 @@ def compare(a_path, b_path, top):
                        ("gap_median_us", "median gap between kernels us"),
                        ("kernels", "kernels a replay")]:
         print(f"{label:34} {a[key]:10.3f} {b[key]:10.3f} {b[key] - a[key]:10.3f}")
-    for name, us in b.get("op_chains_us", {}).items():
-        ua = a.get("op_chains_us", {}).get(name)
-        if ua is not None:
+    for key in ("op_chains_us", "layer_chains_us"):
+        for name, us in b.get(key, {}).items():
+            ua = a.get(key, {}).get(name)
+            if ua is None:
+                continue
             print(f"{'chain: ' + name:34} {ua:10.3f} {us:10.3f} {us - ua:10.3f}")
     rows = []
     for name, sb in b["by_name"].items():
@@ -223,6 +287,10 @@ def main():
                     help="every layer uses layer 0's weights (the same kernels, far less memory)")
     ap.add_argument("--op-chains", action="store_true",
                     help="also time graph chains of single ops (µs a node)")
+    ap.add_argument("--pair-chains", action="store_true",
+                    help="--op-chains, plus one whole layer and every pair of two single ops")
+    ap.add_argument("--layer-chains", action="store_true",
+                    help="time chains of one whole layer, and of it without each of its parts")
     ap.add_argument("--json")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
     ap.add_argument("--top", type=int, default=15)
