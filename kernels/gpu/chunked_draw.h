@@ -321,7 +321,7 @@ __device__ void ForEachListStretch(const volatile uint32_t* list_key,
 // lowest kept boundary token (2^32: none kept). The kept set is an upper set in z (a tie group
 // is kept whole), so a boundary token is kept iff OrderedKey(z) >= that key.
 // Narrow lists (<= one token a thread) are sorted whole and cut (CutBoundary). Wide ones are
-// weighed by sub-bin (summed in pass 2 on rows that presum), and one walk of the list then
+// weighed by sub-bin (summed in pass 2), and one walk of the list then
 // collects the crossing sub-bin's tokens and attributes those above it (v47i: the cut's collect
 // walk and the attribution's walk were two). Every thread must call; every thread gets the key.
 template <int kThreads>
@@ -353,26 +353,16 @@ __device__ uint64_t CutAndAttribute(const MassWorkspace& ws, const MassPlan& pla
     attribute_sorted(n, key_from);
     return key_from;
   }
-  const bool summed = ws.Presums(row);
+  // The sub-bins' sums, by pass 2 (a wide row: more boundary tokens than a block has threads).
   const BoundarySubBins subs(plan);
   const double unit_mass = subs.UnitMass(plan);
-  if (summed) {
-    const volatile uint32_t* sub_count = ws.sub_count + row * kBoundarySubBins;
-    const volatile unsigned long long* sub_weight = ws.sub_weight + row * kBoundarySubBins;
-    for (int b = threadIdx.x; b < kBoundarySubBins; b += kThreads) {
-      const unsigned long long w = sub_weight[b];
-      s.hist.count[b] = sub_count[b];
-      s.hist.weight_lo[b] = static_cast<uint32_t>(w);
-      s.hist.weight_hi[b] = static_cast<uint32_t>(w >> 32);
-    }
-  } else {
-    ClearHistogram<kThreads>(s, kBoundarySubBins);
-    ForEachListKey<kThreads>(list_key, n, [&](int, uint32_t key) {
-      const float z = KeyToFloat(key);
-      const int b = BoundarySubBins::Of(z);
-      atomicAdd(&s.hist.count[b], 1u);
-      AddBinWeight(s, b, subs.Weight(z));
-    });
+  const volatile uint32_t* sub_count = ws.sub_count + row * kBoundarySubBins;
+  const volatile unsigned long long* sub_weight = ws.sub_weight + row * kBoundarySubBins;
+  for (int b = threadIdx.x; b < kBoundarySubBins; b += kThreads) {
+    const unsigned long long w = sub_weight[b];
+    s.hist.count[b] = sub_count[b];
+    s.hist.weight_lo[b] = static_cast<uint32_t>(w);
+    s.hist.weight_hi[b] = static_cast<uint32_t>(w >> 32);
   }
   __syncthreads();
   FindCrossingBin<kThreads>(s, kBoundarySubBins, 0, (plan.target - plan.mass_above) / unit_mass,

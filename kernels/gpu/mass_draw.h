@@ -1,8 +1,8 @@
 // Top-p over a row's chunks, part 2 of 2 (part 1 and the design: mass_plan.h).
 //
 // Pass 2 for a row whose MassPlan is kTwoPass: block (chunk c, row r) of MassDrawKernel reads
-// its chunk again and appends the boundary bin's tokens to the row's boundary list (in a small
-// launch, a wide bin's tokens are also weighed by sub-bin here: BlockSubBins). It draws nothing:
+// its chunk again and appends the boundary bin's tokens to the row's boundary list (a wide
+// bin's tokens are also weighed by sub-bin here: BlockSubBins). It draws nothing:
 // the row's last block cuts the list by the top-p rule and draws the token by the chunked
 // inverse CDF (chunked_draw.h): no random number per kept token. A row on the kHeadDraw plan
 // (v48) skips pass 2: its chunk-0 block draws from the head alone (FinishHeadRow).
@@ -240,10 +240,10 @@ __device__ void MassDrawChunk(const MassWorkspace& ws, const MassPlan& plan, con
     sh.fill = 0;
     sh.kept_weight = 0;
   }
-  // A wide row (more boundary tokens than the block has threads) of a small launch weighs its
-  // boundary tokens here, by sub-bin: the row's last block then reads 256 sums instead of
-  // weighing the whole list alone (v30).
-  const bool wide = ws.Presums(row) && plan.boundary_count > static_cast<uint32_t>(kThreads);
+  // A wide row (more boundary tokens than the block has threads) weighs its boundary tokens
+  // here, by sub-bin: the row's last block then reads 256 sums instead of weighing the whole
+  // list alone (v30; every wide row since v51).
+  const bool wide = plan.boundary_count > static_cast<uint32_t>(kThreads);
   if (wide) sh.sub.template Clear<kThreads>();
   // The boundary tokens: one shared atomic per thread and one global atomic per block (one
   // global atomic per token serialised the blocks of a row on one address).

@@ -21,26 +21,6 @@ __device__ __forceinline__ double BoundaryWeight(uint32_t key, int32_t index,
   return static_cast<double>(FixedMass32(KeyToFloat(key), chunk_max[c])) * row_scale[c];
 }
 
-// Calls f(i, key) for every entry i of the list's n keys, kInFlight entries a thread loaded at
-// once (v47d: one dependent L2 load a step was most of a walk of ~7,000 entries).
-template <int kThreads, class F>
-__device__ void ForEachListKey(const volatile uint32_t* list_key, int n, const F& f) {
-  constexpr int kInFlight = 4;
-  for (int i0 = static_cast<int>(threadIdx.x); i0 < n; i0 += kThreads * kInFlight) {
-    uint32_t keys[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int i = i0 + u * kThreads;
-      keys[u] = i < n ? list_key[i] : 0u;
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int i = i0 + u * kThreads;
-      if (i < n) f(i, keys[u]);
-    }
-  }
-}
-
 // The cut of the n boundary tokens in s.sort (any order): sorted, each thread weighs a stretch,
 // and the first tie group whose mass above reaches the plan's target is cut off. Returns the key
 // of the last kept token (2^32: none). Every thread of the block must call; every thread gets it.

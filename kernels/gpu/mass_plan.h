@@ -51,27 +51,11 @@ inline constexpr int kBoundaryCap = 16384;
 // Sub-bins of a wide boundary bin (1/2,048 logit each): pass 2 weighs them (v30), so the row's
 // last block reads 256 sums instead of weighing the whole list.
 inline constexpr int kBoundarySubBins = 256;
-// Launches of at most this many MassDrawKernel blocks sum the sub-bins in pass 2 (v30 measured
-// the crossover between 608 and 1,024 blocks on the H200's 132 SMs, 4 blocks each). Larger
-// launches of rows of at least kPresumTailMinChunks chunks do so for the rows of their last
-// kPresumMaxBlocks blocks (v37): those rows' last blocks run at the end of the launch, where a
-// last block weighing its row's list alone (~40 us on a wide row of V = 151,936) is the
-// launch's tail, not work that overlaps other rows' blocks. Shorter rows have ~5x shorter lists,
-// whose weighing in the last block costs less than pass 2's share (V = 32,000 at B = 256, every
-// row past the 56th presumming: 1.06x on engine-like and peaked rows, H100).
-inline constexpr int64_t kPresumMaxBlocks = 800;
-inline constexpr int64_t kPresumTailMinChunks = 8;
-
-// The first row that sums its sub-bins in pass 2 (MassWorkspace::presum_from_row), in a launch
-// of `batch` rows of `chunks` pass-1 chunks: 0 (every row) when batch x chunks <=
-// kPresumMaxBlocks; else, for rows of at least kPresumTailMinChunks chunks, the first of the
-// whole rows in the launch's last kPresumMaxBlocks blocks (blocks run in launch order, rows one
-// after another); else batch (none).
-inline int64_t PresumRowsFrom(int64_t batch, int64_t chunks) {
-  const int64_t rows = kPresumMaxBlocks / (chunks > 0 ? chunks : 1);
-  if (batch <= rows) return 0;
-  return chunks >= kPresumTailMinChunks ? batch - rows : batch;
-}
+// Every wide two-pass row sums them in pass 2 (v51). Until v48 every top-p row ran pass 2, and
+// large launches left the sums to the row's last block on all but their last rows (v37: pass
+// 2's share of the sums cost up to 8% at B = 256); since v48's head draw only a few percent of
+// rows run pass 2, and such a row's last block weighing its list alone (~40 us on a wide row)
+// is the launch's critical path (kernels/gpu/NOTES.md, v51).
 
 // kHeadDraw (v48): level 0 of the draw (kernels/common/inverse_cdf.h) takes the head for certain
 // (u0 x (mass above the boundary bin + the bin's mass) < the mass above), so pass 2 does not run:
@@ -109,15 +93,10 @@ struct MassWorkspace {
   uint32_t* boundary_fill;  // [batch] tokens appended to the boundary list; zeroed by the plan
   uint32_t* boundary_key;   // [batch, kBoundaryCap]
   int32_t* boundary_index;  // [batch, kBoundaryCap]
-  // Rows at or past presum_from_row (every row of a small launch, the last rows of a large one;
-  // PresumRowsFrom): [batch, kBoundarySubBins], zeroed by the plan, filled by pass 2 on wide
-  // rows (more boundary tokens than a MassDrawKernel block has threads): tokens and fixed-point
-  // weight. The other rows weigh the list in the row's last block instead: the same sums and
-  // the same token
-  // (v30: pass 2's share cost up to 8% at B = 256, the last block's wait ~40 us at small B,
-  // where it is the row's critical path).
-  int64_t presum_from_row;
-  __host__ __device__ bool Presums(int64_t row) const { return row >= presum_from_row; }
+  // [batch, kBoundarySubBins], zeroed by the plan of a two-pass row, filled by its pass 2 when
+  // the row is wide (more boundary tokens than a MassDrawKernel block has threads): tokens and
+  // fixed-point weight, so that the row's last block reads 256 sums instead of weighing the
+  // whole list (v30, every row since v51).
   uint32_t* sub_count;
   unsigned long long* sub_weight;
 };
@@ -221,8 +200,8 @@ __device__ void StoreMassHistogram(const MassShared& sh, const MassWorkspace& ws
 
 // The plan of a mass row, by one block of kThreads >= kMassBins threads of the kernel after
 // pass 1: combines the row's chunk histograms in chunk order into the row's MassPlan (and chunk
-// scales), and zeroes the row's pass-2 ticket, boundary fill and sub-bins. Returns the path (every
-// thread gets it). Every thread of the block must call.
+// scales), and zeroes the row's pass-2 ticket, boundary fill and (two-pass rows) sub-bins. Returns
+// the path (every thread gets it). Every thread of the block must call.
 template <int kThreads>
 __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats, int64_t row,
                                 int chunks, const RowParams& params, MassPlanScratch& sh,
@@ -250,10 +229,6 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
   if (threadIdx.x == 0) {
     ws.pass2_ticket[row] = 0;
     ws.boundary_fill[row] = 0;
-  }
-  for (int b = threadIdx.x; b < kBoundarySubBins && ws.Presums(row); b += kThreads) {
-    ws.sub_count[row * kBoundarySubBins + b] = 0;
-    ws.sub_weight[row * kBoundarySubBins + b] = 0;
   }
   if (!usable) {
     if (threadIdx.x == 0) plan->path = MassPath::kFallback;
@@ -358,6 +333,12 @@ __device__ MassPath PlanMassRow(const MassWorkspace& ws, const ChunkStats* stats
   }
   __syncthreads();
   const MassPath path = sh.path;
+  if (path == MassPath::kTwoPass) {  // pass 2 adds to them (the rows of every other path skip it)
+    for (int b = threadIdx.x; b < kBoundarySubBins; b += kThreads) {
+      ws.sub_count[row * kBoundarySubBins + b] = 0;
+      ws.sub_weight[row * kBoundarySubBins + b] = 0;
+    }
+  }
   __syncthreads();
   return path;
 }

@@ -128,70 +128,21 @@ __device__ void FinishInvalidRow(const RowFinishParams& p, int64_t row, RowStatu
   }
 }
 
-// Pass 2: one block per row. A mass row gets its plan here; on the two-pass plan it is left to
-// MassDrawKernel (mass_draw.h), else it is finished here like every other row.
+// The finish of every row that no short path of RowFinishKernel took (logprobs, filters the
+// candidates cannot serve, invalid rows): the chunk stats combined, the filters resolved over
+// the row, the draw, and the logprob outputs. Out of line (v53), with the kernel's parameters
+// and the row's params as its own copies: the callees that are not inlined take them by
+// reference (WriteLogprobs, FilterAndDraw), and while the kernel referenced them every thread of
+// every row copied the 288-byte RowFinishParams and the row's params to local memory in its
+// prologue, the mass rows that only plan included (44% of RowFinishKernel's stall samples on
+// top-p rows at B = 128: kernels/gpu/NOTES.md, session 40). Every thread of the block calls.
 template <DType kDType>
-__global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
-  __shared__ FinishShared sh;
-  const int64_t row = blockIdx.x;
-  // Launched dependent on ChunkPassKernel, whose stats are read below. Every block waits for
-  // it, also a skipped one: a kernel that ends before ChunkPassKernel would let the next launch
-  // on the stream start while ChunkPassKernel still writes the workspace.
-  const bool skipped = p.rows.Skipped(row);  // device sessions: a row past the step's batch
-  const RowParams params = p.rows.Params(skipped ? 0 : row);
-  GridWaitPrerequisites();
-  if (skipped) return;
-  if (IsMassRow(params, p.rows.vocab, p.mass.enabled) &&
-      PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.rows.chunks, row, p.rows.chunks, params,
-                                  sh.mass_plan, sh.reduce) != MassPath::kFallback) {
-    return;  // MassDrawKernel draws the row
-  }
+__device__ __noinline__ void FinishGeneralRow(const RowFinishParams& p, int64_t row,
+                                              const RowParams params, bool plain,
+                                              int64_t plain_token, FinishShared& sh) {
   const ChunkStats* stats = p.stats + row * p.rows.chunks;
   const uint32_t* candidate_key = p.candidate_key + row * p.rows.chunks * kCandidateCap;
   const int32_t* candidate_index = p.candidate_index + row * p.rows.chunks * kCandidateCap;
-  // Plain temperature: the inverse-CDF draw from pass 1's chunk masses (inverse_cdf.h), at one
-  // call site for every such row (with logprobs, the general finish below uses its token).
-  const bool plain = IsPlainTemperature(params, p.rows.vocab);
-  int64_t plain_token = -1;
-  if (plain) {
-    plain_token = InverseCdfToken<kFinishThreads, kDType>(p.rows, row, params, stats,
-                                                          sh.inverse_cdf, sh.reduce);
-    if (p.top_logprobs < 0 && plain_token >= 0) {
-      if (threadIdx.x == 0) WriteRowToken(p.token_ids, p.status, row, plain_token, p.rows.vocab);
-      return;
-    }
-  }
-  if (p.top_logprobs < 0 && IsGreedy(params)) {
-    // Pass 1 decided the token; the chunk stats only have to be combined (v16).
-    const int64_t token = GreedyToken(stats, p.rows.chunks, &sh.greedy_token);
-    if (token >= 0) {
-      if (threadIdx.x == 0) {
-        p.token_ids[row] = static_cast<int32_t>(token);
-        p.status[row] = RowStatus::kOk;
-      }
-      return;
-    }
-  }
-  if (p.top_logprobs < 0 && UsesCandidates(params, p.rows.vocab)) {
-    // The common top-k row, on the short path (candidate_finish.h): most of the general
-    // finish below is a chain of serial steps and barriers that these rows do not need (v14).
-    const bool joint = TopPActive(params) && params.top_p_mode == TopPMode::kJoint;
-    CandidateRowSummary(stats, p.rows.chunks, joint, sh.candidate_offset, sh.candidates);
-    const CandidatePath path = sh.candidates.path;
-    if (path != CandidatePath::kGeneral) {
-      int64_t token = sh.candidates.drawn;  // kTied
-      if (path == CandidatePath::kList) {
-        // Inlined at this one call site: a second one (for logprob rows) spilled registers
-        // across the whole kernel, +2 us on every other row at B = 1 (NOTES.md v14).
-        token = CandidatesDraw<kFinishThreads>(candidate_key, candidate_index, sh.candidate_offset,
-                                               p.rows.chunks, static_cast<int>(sh.candidates.total),
-                                               sh.candidates.max_z, sh.candidates.sum_exp_z, params,
-                                               sh.candidates, sh.select, sh.reduce);
-      }
-      if (threadIdx.x == 0) WriteRowToken(p.token_ids, p.status, row, token, p.rows.vocab);
-      return;
-    }
-  }
   for (int c = threadIdx.x; c < p.rows.chunks; c += kFinishThreads) sh.staged[c] = stats[c];
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -310,6 +261,75 @@ __global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParam
   } else {
     WriteLogprobs<kDType>(p, row, row_ptr, z_source, view, token, sh);
   }
+}
+
+// Pass 2: one block per row. A mass row gets its plan here; on the two-pass plan it is left to
+// MassDrawKernel (mass_draw.h), else it is finished here like every other row.
+template <DType kDType>
+__global__ void __launch_bounds__(kFinishThreads) RowFinishKernel(RowFinishParams p) {
+  __shared__ FinishShared sh;
+  const int64_t row = blockIdx.x;
+  // Launched dependent on ChunkPassKernel, whose stats are read below. Every block waits for
+  // it, also a skipped one: a kernel that ends before ChunkPassKernel would let the next launch
+  // on the stream start while ChunkPassKernel still writes the workspace.
+  const bool skipped = p.rows.Skipped(row);  // device sessions: a row past the step's batch
+  const RowParams params = p.rows.Params(skipped ? 0 : row);
+  GridWaitPrerequisites();
+  if (skipped) return;
+  if (IsMassRow(params, p.rows.vocab, p.mass.enabled) &&
+      PlanMassRow<kFinishThreads>(p.mass, p.stats + row * p.rows.chunks, row, p.rows.chunks, params,
+                                  sh.mass_plan, sh.reduce) != MassPath::kFallback) {
+    return;  // MassDrawKernel draws the row
+  }
+  const ChunkStats* stats = p.stats + row * p.rows.chunks;
+  const uint32_t* candidate_key = p.candidate_key + row * p.rows.chunks * kCandidateCap;
+  const int32_t* candidate_index = p.candidate_index + row * p.rows.chunks * kCandidateCap;
+  // Plain temperature: the inverse-CDF draw from pass 1's chunk masses (inverse_cdf.h), at one
+  // call site for every such row (with logprobs, the general finish below uses its token).
+  const bool plain = IsPlainTemperature(params, p.rows.vocab);
+  int64_t plain_token = -1;
+  if (plain) {
+    plain_token = InverseCdfToken<kFinishThreads, kDType>(p.rows, row, params, stats,
+                                                          sh.inverse_cdf, sh.reduce);
+    if (p.top_logprobs < 0 && plain_token >= 0) {
+      if (threadIdx.x == 0) WriteRowToken(p.token_ids, p.status, row, plain_token, p.rows.vocab);
+      return;
+    }
+  }
+  if (p.top_logprobs < 0 && IsGreedy(params)) {
+    // Pass 1 decided the token; the chunk stats only have to be combined (v16).
+    const int64_t token = GreedyToken(stats, p.rows.chunks, &sh.greedy_token);
+    if (token >= 0) {
+      if (threadIdx.x == 0) {
+        p.token_ids[row] = static_cast<int32_t>(token);
+        p.status[row] = RowStatus::kOk;
+      }
+      return;
+    }
+  }
+  if (p.top_logprobs < 0 && UsesCandidates(params, p.rows.vocab)) {
+    // The common top-k row, on the short path (candidate_finish.h): most of the general
+    // finish below is a chain of serial steps and barriers that these rows do not need (v14).
+    const bool joint = TopPActive(params) && params.top_p_mode == TopPMode::kJoint;
+    CandidateRowSummary(stats, p.rows.chunks, joint, sh.candidate_offset, sh.candidates);
+    const CandidatePath path = sh.candidates.path;
+    if (path != CandidatePath::kGeneral) {
+      int64_t token = sh.candidates.drawn;  // kTied
+      if (path == CandidatePath::kList) {
+        // Inlined at this one call site: a second one (for logprob rows) spilled registers
+        // across the whole kernel, +2 us on every other row at B = 1 (NOTES.md v14).
+        token = CandidatesDraw<kFinishThreads>(candidate_key, candidate_index, sh.candidate_offset,
+                                               p.rows.chunks, static_cast<int>(sh.candidates.total),
+                                               sh.candidates.max_z, sh.candidates.sum_exp_z, params,
+                                               sh.candidates, sh.select, sh.reduce);
+      }
+      if (threadIdx.x == 0) WriteRowToken(p.token_ids, p.status, row, token, p.rows.vocab);
+      return;
+    }
+  }
+  // The general finish, out of line with its own copy of `p` (v53).
+  const RowFinishParams copy = p;
+  FinishGeneralRow<kDType>(copy, row, params, plain, plain_token, sh);
 }
 
 // Sets `marked` and `first` (row_processors.h) from the adjust lists: grid (batch),
@@ -598,7 +618,6 @@ int Sample(const SampleArgs& args, void* workspace, size_t workspace_bytes, Stre
   mass.boundary_index = reinterpret_cast<int32_t*>(ws + layout.boundary_index);
   mass.sub_count = reinterpret_cast<uint32_t*>(ws + layout.sub_count);
   mass.sub_weight = reinterpret_cast<unsigned long long*>(ws + layout.sub_weight);
-  mass.presum_from_row = PresumRowsFrom(args.batch, chunks);
 
   RowProcessors procs{};
   procs.allowed = args.allowed_bitmask;

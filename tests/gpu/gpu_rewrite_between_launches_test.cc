@@ -358,7 +358,7 @@ void RunEveryRewrite(const Case& c, const std::vector<Rewrite>& rewrites = kRewr
 //    to draw: status OK with token -1 (min-p on the one-block finish, the mass path); such rows
 //    now get status kNoFinite (WriteRowToken, device_common.h).
 TEST(RewriteBetweenLaunches, MixedRowsLargeVocab) {
-  // B * chunks = 9 * 19 <= 800: the mass path sums sub-bins in pass 2 (every row presums).
+  // The mass path's wide rows sum their sub-bins in pass 2.
   RunEveryRewrite(Case{"mixed_v151936_b9", 9, 151936});
 }
 
