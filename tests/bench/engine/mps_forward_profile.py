@@ -159,6 +159,11 @@ def op_chains(nodes=200, reps=21, pairs=False):
         return h + attn.reshape(1, model.cfg.hidden) @ layer["wo"].t()
 
     singles = list(ops.items())
+    q0 = torch.randn(1, model.cfg.heads, 1, model.cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    k0 = torch.randn(1, model.cfg.kv_heads, 1, model.cfg.head_dim, device="cuda",
+                     dtype=torch.bfloat16)
+    # RoPE alone (session 42: leaving it out of a layer's chain took half of MPS's growth).
+    ops["rope of q and k"] = lambda: (model._rope(q0), model._rope(k0))
     ops["mlp block (9 kernels)"] = mlp
     ops["attention block (~30 kernels)"] = attention_block
     if pairs:

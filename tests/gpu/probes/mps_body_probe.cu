@@ -94,6 +94,21 @@ __global__ void LargeParam(BigParam p, float* out, int n) {
   if (i < n) out[i] = p.value[i & 511];
 }
 
+// The same 2 KB parameter block in 16 different kernels that each read the previous node's
+// output (session 42: a layer's RoPE kernels, small, with large parameter blocks and a new
+// kernel every node, carried half of MPS's growth on a layer).
+template <int I>
+__global__ void LargeParamCode(BigParam p, const float* in, float* out, int n) {
+  const int i = threadIdx.x;
+  if (i < n) out[i] = in[(i + I) % n] * p.value[(i + I) & 511] + static_cast<float>(I);
+}
+using LargeParamBody = void (*)(BigParam, const float*, float*, int);
+constexpr LargeParamBody kLargeParamCodes[16] = {
+    LargeParamCode<0>,  LargeParamCode<1>,  LargeParamCode<2>,  LargeParamCode<3>,
+    LargeParamCode<4>,  LargeParamCode<5>,  LargeParamCode<6>,  LargeParamCode<7>,
+    LargeParamCode<8>,  LargeParamCode<9>,  LargeParamCode<10>, LargeParamCode<11>,
+    LargeParamCode<12>, LargeParamCode<13>, LargeParamCode<14>, LargeParamCode<15>};
+
 using Body = void (*)(const float*, float*, int);
 constexpr Body kCodes[16] = {Code<0>,  Code<1>,  Code<2>,  Code<3>, Code<4>,  Code<5>,
                              Code<6>,  Code<7>,  Code<8>,  Code<9>, Code<10>, Code<11>,
@@ -103,11 +118,11 @@ struct Case {
   const char* name;
   Body body;
   int blocks;
-  int n;           // elements the body touches
-  size_t shared;   // dynamic shared memory bytes
-  bool alternate;  // alternate with Empty nodes (a shared-memory split change every node)
-  int codes = 0;   // > 0: the body is ignored; node k runs kCodes[k % codes]
-  bool big_param = false;
+  int n;                   // elements the body touches
+  size_t shared;           // dynamic shared memory bytes
+  bool alternate;          // alternate with Empty nodes (a shared-memory split change every node)
+  int codes = 0;           // > 0: the body is ignored; node k runs kCodes[k % codes]
+  bool big_param = false;  // with codes > 0: node k runs kLargeParamCodes[k % codes]
 };
 
 float ChainMicros(const Case& c, const float* in, float* out, cudaStream_t stream) {
@@ -115,7 +130,14 @@ float ChainMicros(const Case& c, const float* in, float* out, cudaStream_t strea
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   for (int k = 0; k < kNodes; ++k) {
-    if (c.big_param) {
+    if (c.big_param && c.codes > 0) {
+      BigParam p{};
+      p.value[k & 511] = static_cast<float>(k);
+      // in and out alternate, so that each node reads what the one before wrote.
+      const float* src = (k & 1) ? out : in;
+      float* dst = (k & 1) ? const_cast<float*>(in) : out;
+      kLargeParamCodes[k % c.codes]<<<c.blocks, kThreads, 0, stream>>>(p, src, dst, c.n);
+    } else if (c.big_param) {
       BigParam p{};
       p.value[k & 511] = static_cast<float>(k);
       LargeParam<<<c.blocks, kThreads, 0, stream>>>(p, out, c.n);
@@ -184,10 +206,13 @@ int main() {
       {"code_cycle_16", nullptr, 1, 128, 0, false, 16},
       {"code_cycle_16_7blocks", nullptr, 7, 896, 0, false, 16},
       {"param_2KB", nullptr, 1, 128, 0, false, 0, true},
+      {"param_2KB_same_x1", nullptr, 1, 128, 0, false, 1, true},
+      {"param_2KB_cycle_16", nullptr, 1, 128, 0, false, 16, true},
+      {"param_2KB_cycle_16_7blk", nullptr, 7, 896, 0, false, 16, true},
   };
-  std::printf("%-22s %12s\n", "body", "us/kernel");
+  std::printf("%-24s %12s\n", "body", "us/kernel");
   for (const Case& c : cases) {
-    std::printf("%-22s %12.3f\n", c.name, ChainMicros(c, in, out, stream));
+    std::printf("%-24s %12.3f\n", c.name, ChainMicros(c, in, out, stream));
   }
   CHECK(cudaStreamDestroy(stream));
   CHECK(cudaFree(in));
